@@ -1,0 +1,45 @@
+"""aotkit_schemas: the typed data and Protocols every aotkit package speaks."""
+
+from ._alias_info import InputAliasInfo as InputAliasInfo
+from ._alias_info import MutationType as MutationType
+from ._alias_info import OutputAliasInfo as OutputAliasInfo
+from ._alias_info import OutputType as OutputType
+from ._alias_info import mutation_can_stay_in_graph as mutation_can_stay_in_graph
+from ._config import AOTConfig as AOTConfig
+from ._protocols import CompiledGraph as CompiledGraph
+from ._protocols import Compiler as Compiler
+from ._protocols import DecompositionTable as DecompositionTable
+from ._protocols import PartitionResult as PartitionResult
+from ._protocols import Partitioner as Partitioner
+from ._protocols import graph_outputs as graph_outputs
+from ._protocols import is_sym_node as is_sym_node
+from ._protocols import output_node as output_node
+from ._signatures import FQN as FQN
+from ._signatures import BackwardSignature as BackwardSignature
+from ._signatures import GraphInputName as GraphInputName
+from ._signatures import GraphOutputName as GraphOutputName
+from ._signatures import GraphSignature as GraphSignature
+from ._view_and_mutation_meta import ViewAndMutationMeta as ViewAndMutationMeta
+
+__all__ = [
+    "AOTConfig",
+    "BackwardSignature",
+    "CompiledGraph",
+    "Compiler",
+    "DecompositionTable",
+    "FQN",
+    "GraphInputName",
+    "GraphOutputName",
+    "GraphSignature",
+    "InputAliasInfo",
+    "MutationType",
+    "OutputAliasInfo",
+    "OutputType",
+    "PartitionResult",
+    "Partitioner",
+    "ViewAndMutationMeta",
+    "graph_outputs",
+    "is_sym_node",
+    "mutation_can_stay_in_graph",
+    "output_node",
+]

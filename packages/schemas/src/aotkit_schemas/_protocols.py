@@ -1,0 +1,155 @@
+"""The seams between aotkit packages: compilers, partitioners and their results.
+
+# Note [Joint graph calling convention]
+# A joint graph is traced from ``joint(primals, tangents)``; its placeholders are named
+# ``primals_1 .. primals_N`` and ``tangents_1 .. tangents_M`` (make_fx derives the names from
+# the two argument names). It returns one flat list:
+#
+#     (*forward_returns, *input_grads)
+#
+# where ``forward_returns`` are the ``num_fwd_outputs`` values of
+# Note [Forward graph calling convention] (updated inputs, user outputs, intermediate bases)
+# and ``input_grads`` holds one entry per primal: a gradient node, or None for a primal that
+# does not require grad.
+#
+# A partitioner splits it into
+#   forward:  primals                           -> (*forward_returns, *saved_tensors, *saved_symints)
+#   backward: (*saved_symints, *saved_tensors, *tangents) -> input_grads
+# A partitioner never changes ``forward_returns`` or the order of the primals or tangents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+import torch.fx
+
+CompiledGraph = Callable[..., Any]
+DecompositionTable = dict[Any, Callable[..., Any]]
+
+
+@runtime_checkable
+class Compiler(Protocol):
+    """A graph compiler: torch's ``fw_compiler`` / ``bw_compiler`` convention.
+
+    It receives an FX GraphModule of functional ATen ops and example inputs (fake or real)
+    and returns a callable with the same semantics. A callable carrying ``_boxed_call = True``
+    takes one list argument (which it may clear) instead of positional arguments.
+    """
+
+    def __call__(
+        self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], /
+    ) -> CompiledGraph: ...
+
+
+@runtime_checkable
+class Partitioner(Protocol):
+    """Splits a joint graph into forward and backward graphs.
+
+    See Note [Joint graph calling convention].
+    """
+
+    def __call__(
+        self,
+        joint_module: torch.fx.GraphModule,
+        joint_inputs: Sequence[Any],
+        *,
+        num_fwd_outputs: int,
+    ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]: ...
+
+
+def is_sym_node(node: torch.fx.Node) -> bool:
+    """True when ``node`` carries a Python or symbolic scalar rather than a tensor."""
+    val = node.meta.get("val")
+    if val is None and "example_value" in node.meta:
+        val = node.meta["example_value"]
+    return isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool, int, float, bool))
+
+
+def output_node(gm: torch.fx.GraphModule) -> torch.fx.Node:
+    node: torch.fx.Node
+    for node in reversed(gm.graph.nodes):
+        if node.op == "output":
+            return node
+    raise ValueError("graph has no output node")
+
+
+def graph_outputs(gm: torch.fx.GraphModule) -> list[Any]:
+    """The flat list of values a graph's output node returns."""
+    out = output_node(gm).args[0]
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    return [out]
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """A forward/backward split as the runtime consumes it.
+
+    See Note [Joint graph calling convention] for the order of values.
+    """
+
+    fw_module: torch.fx.GraphModule
+    bw_module: torch.fx.GraphModule
+    num_fwd_outputs: int
+    # names of forward-graph nodes saved for backward, in forward-output order
+    saved_tensor_names: tuple[str, ...]
+    saved_symint_names: tuple[str, ...]
+    # names of joint nodes that the backward recomputes instead of saving
+    recomputed_node_names: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        n_out = len(graph_outputs(self.fw_module))
+        n_saved = len(self.saved_tensor_names) + len(self.saved_symint_names)
+        if n_out != self.num_fwd_outputs + n_saved:
+            raise ValueError(
+                f"forward graph returns {n_out} values, expected {self.num_fwd_outputs} "
+                f"forward returns + {n_saved} saved values"
+            )
+
+    @property
+    def num_saved_tensors(self) -> int:
+        return len(self.saved_tensor_names)
+
+    @property
+    def num_saved_symints(self) -> int:
+        return len(self.saved_symint_names)
+
+    @classmethod
+    def from_modules(
+        cls,
+        fw_module: torch.fx.GraphModule,
+        bw_module: torch.fx.GraphModule,
+        num_fwd_outputs: int,
+        recomputed_node_names: Sequence[str] = (),
+    ) -> PartitionResult:
+        """Read the saved values off a forward graph that follows the convention.
+
+        Works for any partitioner with torch's calling convention, including torch's own.
+        """
+        saved = graph_outputs(fw_module)[num_fwd_outputs:]
+        tensors: list[str] = []
+        symints: list[str] = []
+        for value in saved:
+            if not isinstance(value, torch.fx.Node):
+                raise ValueError(f"saved value {value!r} is not a graph node")
+            if is_sym_node(value):
+                symints.append(value.name)
+            else:
+                if symints:
+                    raise ValueError(
+                        "saved tensors must precede saved symints in the forward outputs "
+                        f"(tensor {value.name} follows symint {symints[-1]})"
+                    )
+                tensors.append(value.name)
+        return cls(
+            fw_module=fw_module,
+            bw_module=bw_module,
+            num_fwd_outputs=num_fwd_outputs,
+            saved_tensor_names=tuple(tensors),
+            saved_symint_names=tuple(symints),
+            recomputed_node_names=tuple(recomputed_node_names),
+        )
