@@ -1,0 +1,168 @@
+"""Build the forward and backward GraphModules once the saved values are chosen.
+
+Every partitioner ends here, so the calling convention is implemented exactly once.
+See Note [Joint graph calling convention] in ``aotkit_schemas._protocols``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from aotkit_schemas import is_sym_node
+from torch.fx.experimental.symbolic_shapes import free_symbols, is_symbol_binding_fx_node
+
+from ._joint import JointInfo, ancestors, has_side_effect, nodes_of, sorted_nodes, unique
+
+
+class PartitionError(RuntimeError):
+    """A partition asked for a value that neither graph can compute."""
+
+
+def extract_graph(
+    info: JointInfo,
+    inputs: Sequence[torch.fx.Node],
+    outputs: Sequence[Any],
+    *,
+    allowed: frozenset[torch.fx.Node] | set[torch.fx.Node] | None = None,
+    extra_roots: Sequence[torch.fx.Node] = (),
+) -> torch.fx.Graph:
+    """Copy the part of the joint graph that computes ``outputs`` from ``inputs``.
+
+    ``inputs`` become placeholders (keeping their names and a copy of their meta), in the
+    given order. Only ancestors of ``outputs`` (and of ``extra_roots``, side-effecting ops)
+    are copied, in joint-graph order, so the result holds no dead code. When ``allowed`` is
+    given, every copied node must belong to it.
+
+    Before (joint; inputs = [addmm, tangents_1], outputs = [mul_1])::
+
+        addmm = addmm(primals_3, primals_1, t); gelu = gelu(addmm)
+        mul_1 = mul(tangents_1, gelu_backward(tangents_1, addmm))
+
+    After::
+
+        addmm = placeholder(); tangents_1 = placeholder()
+        mul_1 = mul(tangents_1, gelu_backward(tangents_1, addmm))
+    """
+    input_set = set(inputs)
+    if len(input_set) != len(inputs):
+        raise PartitionError("graph inputs must be distinct nodes")
+    roots = nodes_of(outputs) + list(extra_roots)
+    needed = ancestors(roots, stop=input_set)
+    body = sorted_nodes(info, needed - input_set)
+    for node in body:
+        if node.op == "placeholder":
+            raise PartitionError(
+                f"{node.name} is needed to compute {[r.name for r in roots][:4]} "
+                "but is not an input of this graph"
+            )
+        if allowed is not None and node not in allowed:
+            raise PartitionError(f"{node.name} cannot be computed in this graph")
+
+    graph = torch.fx.Graph()
+    env: dict[torch.fx.Node, torch.fx.Node] = {}
+    for node in inputs:
+        new = graph.placeholder(node.name)
+        new.meta = copy.copy(node.meta)
+        env[node] = new
+    for node in body:
+        env[node] = graph.node_copy(node, env.__getitem__)
+    graph.output(tuple(env[v] if isinstance(v, torch.fx.Node) else v for v in outputs))
+    graph.lint()
+    return graph
+
+
+def symbol_bindings(
+    info: JointInfo,
+    values: Sequence[torch.fx.Node],
+    available: set[torch.fx.Node],
+) -> list[torch.fx.Node]:
+    """Forward nodes that bind the free symbols in the shapes of ``values``.
+
+    A backward compiler reasons about a saved tensor of shape ``(s0, 8)`` only if ``s0`` is
+    bound by one of its inputs, so the node that binds ``s0`` is saved too.
+    """
+    bindings: dict[Any, torch.fx.Node] = {}
+    for node in info.nodes:
+        if node not in available:
+            continue
+        symbol = is_symbol_binding_fx_node(node)
+        if symbol is not None and symbol not in bindings:
+            bindings[symbol] = node
+    if not bindings:
+        return []
+    found: list[torch.fx.Node] = []
+    for value in values:
+        val = value.meta.get("val")
+        if val is None:
+            continue
+        for symbol in sorted(free_symbols(val), key=lambda s: s.name):
+            if symbol in bindings:
+                found.append(bindings[symbol])
+    return found
+
+
+def build_modules(
+    info: JointInfo,
+    saved: Sequence[torch.fx.Node],
+    *,
+    fw_allowed: set[torch.fx.Node],
+    bw_allowed: set[torch.fx.Node] | None = None,
+    static_lifetime_input_indices: Sequence[int] | None = None,
+) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """Split the joint graph given the forward nodes whose values the backward receives.
+
+    ``saved`` may mix tensors and symbolic scalars in any order; the result follows the
+    calling convention (tensors, then symints). ``fw_allowed`` is every node the forward
+    may compute; ``bw_allowed`` (when given) every node the backward may compute besides
+    its inputs. A saved value the backward turns out not to read is dropped, and the
+    nodes binding the symbols in backward input shapes are added.
+    """
+    saved = unique(saved)
+    tensors = sorted_nodes(info, (n for n in saved if not is_sym_node(n)))
+    symints = sorted_nodes(info, (n for n in saved if is_sym_node(n)))
+    bw_roots = [n for n in info.nodes if n in info.tangent_closure and has_side_effect(n)]
+    fw_roots = [n for n in info.nodes if n not in info.tangent_closure and has_side_effect(n)]
+
+    # Extract once to learn which saved values the backward reads, then keep only those.
+    probe = extract_graph(
+        info, symints + tensors + list(info.tangents), info.bwd_outputs, extra_roots=bw_roots
+    )
+    read = {n.name for n in probe.nodes if n.op == "placeholder" and n.users}
+    tensors = [n for n in tensors if n.name in read]
+    symints = [n for n in symints if n.name in read]
+    bound = symbol_bindings(info, symints + tensors + list(info.tangents), fw_allowed)
+    symints = unique([b for b in bound if b not in symints] + symints)
+
+    fw_graph = extract_graph(
+        info,
+        list(info.primals),
+        list(info.fwd_outputs) + tensors + symints,
+        allowed=fw_allowed,
+        extra_roots=fw_roots,
+    )
+    bw_graph = extract_graph(
+        info,
+        symints + tensors + list(info.tangents),
+        info.bwd_outputs,
+        allowed=bw_allowed,
+        extra_roots=bw_roots,
+    )
+    static = set(static_lifetime_input_indices or ())
+    if static:
+        primal_names = {p.name: i for i, p in enumerate(info.primals)}
+        for graph in (fw_graph, bw_graph):
+            for node in graph.find_nodes(op="placeholder"):
+                if node.name in primal_names:
+                    node.meta["is_static_input"] = primal_names[node.name] in static
+    for node in bw_graph.nodes:
+        if node.op in ("call_function", "get_attr"):
+            node.meta["autograd_backward"] = True
+    fw = torch.fx.GraphModule(info.gm, fw_graph, class_name="ForwardGraph")
+    bw = torch.fx.GraphModule(info.gm, bw_graph, class_name="BackwardGraph")
+    fw.meta = dict(info.gm.meta)
+    bw.meta = dict(info.gm.meta)
+    return fw, bw

@@ -1,0 +1,186 @@
+"""Reading a joint graph: which nodes belong to the forward, which to the backward.
+
+See Note [Joint graph calling convention] in ``aotkit_schemas._protocols``.
+
+# Note [Forward and backward regions]
+# Every partitioner starts from the same three sets of joint-graph nodes:
+#
+# * ``tangent_closure``: the tangents and every node that depends on one. These can only
+#   run in the backward graph.
+# * ``fw_required``: the ancestors of the forward returns (plus forward side effects). These
+#   must run in the forward graph.
+# * ``bw_required``: the ancestors of the input gradients. Anything outside
+#   ``fw_required | bw_required`` is dead and never appears in either graph; in particular a
+#   random op whose result nobody reads is dropped rather than copied into the backward.
+#
+# A node in ``bw_required - tangent_closure`` (say ``t(weight)`` feeding a backward ``mm``)
+# can be computed in either graph; partitioners differ only in how they decide that.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from aotkit_schemas import graph_outputs, is_sym_node
+
+_BACKWARD_PLACEHOLDER_PREFIXES = ("tangents", "bwd_seed", "bwd_base_offset")
+
+
+def is_tangent(node: torch.fx.Node) -> bool:
+    """A placeholder fed to the backward graph (a tangent or a backward RNG seed)."""
+    return node.op == "placeholder" and str(node.target).startswith(
+        _BACKWARD_PLACEHOLDER_PREFIXES
+    )
+
+
+def is_primal(node: torch.fx.Node) -> bool:
+    """A placeholder fed to the forward graph."""
+    return node.op == "placeholder" and not is_tangent(node)
+
+
+def is_tuple_node(node: torch.fx.Node) -> bool:
+    """True for a multi-output op (its value is a tuple read through ``getitem``)."""
+    return isinstance(node.meta.get("val"), (tuple, list))
+
+
+def is_getitem(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and node.target is operator.getitem
+
+
+def has_side_effect(node: torch.fx.Node) -> bool:
+    """An op that must run even when nothing reads its result (mutation, assert).
+
+    Random ops are *not* side effects here: a random op whose value is unused is dead.
+    """
+    if node.op != "call_function":
+        return False
+    return bool(node.is_impure(impure_random=False))
+
+
+def _partitioner_tag(node: torch.fx.Node) -> str | None:
+    tag = node.meta.get("partitioner_tag")
+    return tag if isinstance(tag, str) else None
+
+
+def nodes_of(values: Iterable[Any]) -> list[torch.fx.Node]:
+    return [v for v in values if isinstance(v, torch.fx.Node)]
+
+
+def ancestors(
+    roots: Iterable[torch.fx.Node], stop: frozenset[torch.fx.Node] | set[torch.fx.Node] = frozenset()
+) -> set[torch.fx.Node]:
+    """All nodes reachable from ``roots`` through inputs; ``stop`` nodes are not expanded."""
+    seen: set[torch.fx.Node] = set()
+    stack = list(roots)
+    while stack:
+        node = stack.pop()
+        if node in seen:
+            continue
+        seen.add(node)
+        if node in stop:
+            continue
+        stack.extend(node.all_input_nodes)
+    return seen
+
+
+@dataclass(frozen=True)
+class JointInfo:
+    """The regions of a joint graph. See Note [Forward and backward regions]."""
+
+    gm: torch.fx.GraphModule
+    # every node except the output node, in graph (topological) order
+    nodes: tuple[torch.fx.Node, ...]
+    order: dict[torch.fx.Node, int]
+    primals: tuple[torch.fx.Node, ...]
+    # length = # backward placeholders (tangents first, then any backward RNG seeds)
+    tangents: tuple[torch.fx.Node, ...]
+    # length = num_fwd_outputs
+    fwd_outputs: tuple[Any, ...]
+    # length = # primals (None for a primal that does not require grad)
+    bwd_outputs: tuple[Any, ...]
+    tangent_closure: frozenset[torch.fx.Node]
+    fw_required: frozenset[torch.fx.Node]
+    bw_required: frozenset[torch.fx.Node]
+
+    def __post_init__(self) -> None:
+        overlap = self.fw_required & self.tangent_closure
+        if overlap:
+            names = sorted(n.name for n in overlap)[:5]
+            raise ValueError(f"forward returns depend on tangents: {names}")
+
+    @property
+    def has_partitioner_tags(self) -> bool:
+        return any(_partitioner_tag(n) is not None for n in self.nodes)
+
+
+def analyze_joint(gm: torch.fx.GraphModule, num_fwd_outputs: int) -> JointInfo:
+    """Classify the nodes of ``gm``. Reads the graph; never modifies it."""
+    nodes = tuple(n for n in gm.graph.nodes if n.op != "output")
+    order = {n: i for i, n in enumerate(nodes)}
+    outputs = graph_outputs(gm)
+    if not 0 <= num_fwd_outputs <= len(outputs):
+        raise ValueError(
+            f"num_fwd_outputs={num_fwd_outputs} but the joint graph returns {len(outputs)} values"
+        )
+    primals = tuple(n for n in nodes if is_primal(n))
+    tangents = tuple(n for n in nodes if is_tangent(n))
+    fwd_outputs = tuple(outputs[:num_fwd_outputs])
+    bwd_outputs = tuple(outputs[num_fwd_outputs:])
+
+    closure: set[torch.fx.Node] = set()
+    for node in nodes:
+        if (
+            is_tangent(node)
+            or _partitioner_tag(node) == "must_be_in_backward"
+            or any(a in closure for a in node.all_input_nodes)
+        ):
+            closure.add(node)
+
+    fw_roots = nodes_of(fwd_outputs)
+    fw_roots += [n for n in nodes if has_side_effect(n) and n not in closure]
+    bw_roots = nodes_of(bwd_outputs)
+    bw_roots += [n for n in nodes if has_side_effect(n) and n in closure]
+    return JointInfo(
+        gm=gm,
+        nodes=nodes,
+        order=order,
+        primals=primals,
+        tangents=tangents,
+        fwd_outputs=fwd_outputs,
+        bwd_outputs=bwd_outputs,
+        tangent_closure=frozenset(closure),
+        fw_required=frozenset(ancestors(fw_roots)),
+        bw_required=frozenset(ancestors(bw_roots)),
+    )
+
+
+def forward_available(info: JointInfo, region: set[torch.fx.Node]) -> set[torch.fx.Node]:
+    """Grow a forward region by the cheap nodes the forward can always compute.
+
+    Adds every ``getitem`` of a forward node (a tuple is never saved, its items are) and
+    every symbolic scalar computed only from forward nodes (a size costs a few bytes to
+    save, a tensor kept alive just for its size costs the whole tensor).
+    """
+    grown = set(region)
+    for node in info.nodes:
+        if node in grown or node in info.tangent_closure or node.op == "placeholder":
+            continue
+        inputs = node.all_input_nodes
+        if not inputs or not all(a in grown for a in inputs):
+            continue
+        if is_getitem(node) or is_sym_node(node):
+            grown.add(node)
+    return grown
+
+
+def sorted_nodes(info: JointInfo, nodes: Iterable[torch.fx.Node]) -> list[torch.fx.Node]:
+    return sorted(set(nodes), key=info.order.__getitem__)
+
+
+def unique(nodes: Sequence[torch.fx.Node]) -> list[torch.fx.Node]:
+    return list(dict.fromkeys(nodes))
