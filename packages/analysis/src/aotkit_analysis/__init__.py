@@ -1,1 +1,15 @@
-"""placeholder"""
+"""aotkit_analysis: the functionalized metadata pass and input/output analysis."""
+
+from ._collect_metadata import collect_metadata as collect_metadata
+from ._input_layout import AliasedMember as AliasedMember
+from ._input_layout import InputLayout as InputLayout
+from ._input_layout import SyntheticBaseGroup as SyntheticBaseGroup
+from ._input_layout import compute_input_layout as compute_input_layout
+
+__all__ = [
+    "AliasedMember",
+    "InputLayout",
+    "SyntheticBaseGroup",
+    "collect_metadata",
+    "compute_input_layout",
+]

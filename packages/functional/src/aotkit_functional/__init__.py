@@ -1,1 +1,37 @@
-"""placeholder"""
+"""aotkit_functional: helpers around functionalization and alias regeneration."""
+
+from ._alias_regeneration import regenerate_alias as regenerate_alias
+from ._graph_checks import assert_functional_graph as assert_functional_graph
+from ._graph_checks import mutable_ops_in_graph as mutable_ops_in_graph
+from ._wrap import from_functional as from_functional
+from ._wrap import functionalized as functionalized
+from ._wrap import has_data_mutation as has_data_mutation
+from ._wrap import has_metadata_mutation as has_metadata_mutation
+from ._wrap import has_storage_mutation as has_storage_mutation
+from ._wrap import is_functional as is_functional
+from ._wrap import is_multi_output_view as is_multi_output_view
+from ._wrap import mutations_hidden_from_autograd as mutations_hidden_from_autograd
+from ._wrap import (
+    mutations_under_no_grad_or_inference_mode as mutations_under_no_grad_or_inference_mode,
+)
+from ._wrap import storage_ref as storage_ref
+from ._wrap import storage_was_changed as storage_was_changed
+from ._wrap import to_functional as to_functional
+
+__all__ = [
+    "assert_functional_graph",
+    "from_functional",
+    "functionalized",
+    "has_data_mutation",
+    "has_metadata_mutation",
+    "has_storage_mutation",
+    "is_functional",
+    "is_multi_output_view",
+    "mutable_ops_in_graph",
+    "mutations_hidden_from_autograd",
+    "mutations_under_no_grad_or_inference_mode",
+    "regenerate_alias",
+    "storage_ref",
+    "storage_was_changed",
+    "to_functional",
+]

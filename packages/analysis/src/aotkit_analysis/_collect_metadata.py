@@ -1,0 +1,224 @@
+"""The functionalized metadata pass: run the function once and record what it did.
+
+The function runs on fake tensors wrapped as FunctionalTensors. Afterwards every input
+wrapper knows whether it was mutated (and how), and every output's storage tells whether it
+aliases an input, another output, or an intermediate. See Note [Input mutation kinds] and
+Note [Output aliasing kinds] in aotkit_schemas.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from aotkit_functional import (
+    from_functional,
+    functionalized,
+    has_data_mutation,
+    has_metadata_mutation,
+    has_storage_mutation,
+    is_multi_output_view,
+    mutations_hidden_from_autograd,
+    mutations_under_no_grad_or_inference_mode,
+    storage_ref,
+    storage_was_changed,
+    to_functional,
+)
+from aotkit_schemas import (
+    InputAliasInfo,
+    MutationType,
+    OutputAliasInfo,
+    OutputType,
+    ViewAndMutationMeta,
+)
+
+
+def _is_custom_function_output(t: torch.Tensor) -> bool:
+    grad_fn = t.grad_fn
+    return grad_fn is not None and (
+        isinstance(grad_fn, torch.autograd.function.BackwardCFunction)
+        or type(grad_fn).__name__ == "CppFunction"
+    )
+
+
+def _dynamic_dims(t: torch.Tensor) -> frozenset[int]:
+    return frozenset(i for i, s in enumerate(t.shape) if not isinstance(s, int))
+
+
+def _input_info(
+    arg: Any, f_arg: Any, *, keep_input_mutations: bool
+) -> InputAliasInfo:
+    storage = has_storage_mutation(f_arg, arg)
+    data = has_data_mutation(f_arg) and not storage
+    metadata = has_metadata_mutation(f_arg, arg)
+    return InputAliasInfo(
+        is_leaf=isinstance(arg, torch.Tensor) and arg.is_leaf,
+        mutates_data=data,
+        mutates_metadata=metadata,
+        mutations_hidden_from_autograd=(data or metadata) and mutations_hidden_from_autograd(f_arg),
+        mutations_under_no_grad_or_inference_mode=data
+        and mutations_under_no_grad_or_inference_mode(f_arg),
+        mutates_storage_metadata=storage,
+        requires_grad=isinstance(f_arg, torch.Tensor) and f_arg.requires_grad,
+        keep_input_mutations=keep_input_mutations,
+    )
+
+
+def _tangent_like(t: torch.Tensor) -> torch.Tensor:
+    """A fresh contiguous tensor with ``t``'s shape, dtype and device (never an alias)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+def collect_metadata(
+    flat_fn: Callable[..., Sequence[Any]],
+    flat_args: Sequence[Any],
+    *,
+    keep_input_mutations: bool,
+    is_train: bool,
+    static_input_indices: Sequence[int] = (),
+) -> tuple[ViewAndMutationMeta, list[Any]]:
+    """Run ``flat_fn`` functionalized on (fake) ``flat_args``; return its metadata.
+
+    Also returns the forward graph outputs as plain (fake) tensors, in the order of
+    Note [Forward graph calling convention], for callers that need example outputs.
+    """
+    prior_grad = torch.is_grad_enabled()
+    wrapped: dict[int, Any] = {}
+
+    def wrap(a: Any) -> Any:
+        if not isinstance(a, torch.Tensor):
+            return a
+        if id(a) not in wrapped:
+            wrapped[id(a)] = to_functional(a)
+        return wrapped[id(a)]
+
+    with functionalized(keep_input_mutations=keep_input_mutations):
+        f_args = [wrap(a) for a in flat_args]
+        f_outs = list(flat_fn(*f_args))
+    grad_enabled_mutation: bool | None = None
+    if torch.is_grad_enabled() != prior_grad:
+        grad_enabled_mutation = torch.is_grad_enabled()
+        torch.set_grad_enabled(prior_grad)
+
+    input_info = [
+        _input_info(a, fa, keep_input_mutations=keep_input_mutations)
+        for a, fa in zip(flat_args, f_args, strict=True)
+    ]
+    output_info, intermediate_bases = _classify_outputs(f_args, f_outs)
+
+    tangent_sources: list[torch.Tensor] = []
+    for fa, info in zip(f_args, input_info, strict=True):
+        if (
+            info.mutation_type is MutationType.MUTATED_OUT_GRAPH
+            and info.mutates_data
+            and info.requires_grad
+        ):
+            tangent_sources.append(fa)
+    for o, oinfo in zip(f_outs, output_info, strict=True):
+        if (
+            oinfo.output_type
+            in (OutputType.non_alias, OutputType.unsafe_view_alias, OutputType.custom_function_view)
+            and isinstance(o, torch.Tensor)
+            and oinfo.requires_grad_for_backward
+        ):
+            tangent_sources.append(o)
+    tangent_sources.extend(intermediate_bases)
+    traced_tangents = [_tangent_like(from_functional(t)) for t in tangent_sources]
+
+    mutated = [
+        fa
+        for fa, info in zip(f_args, input_info, strict=True)
+        if info.mutation_type is MutationType.MUTATED_OUT_GRAPH
+    ]
+    fw_outs = [from_functional(t) for t in (*mutated, *f_outs, *intermediate_bases)]
+    meta = ViewAndMutationMeta(
+        input_info=input_info,
+        output_info=output_info,
+        num_intermediate_bases=len(intermediate_bases),
+        keep_input_mutations=keep_input_mutations,
+        traced_tangents=traced_tangents if is_train else [],
+        is_train=is_train,
+        grad_enabled_mutation=grad_enabled_mutation,
+        static_input_indices=tuple(static_input_indices),
+    )
+    return meta, fw_outs
+
+
+def _classify_outputs(
+    f_args: Sequence[Any], f_outs: Sequence[Any]
+) -> tuple[list[OutputAliasInfo], list[torch.Tensor]]:
+    """Give every output its OutputType. See Note [Output aliasing kinds]."""
+    input_storage: dict[int, int] = {}
+    for i, fa in enumerate(f_args):
+        if isinstance(fa, torch.Tensor):
+            input_storage.setdefault(storage_ref(fa), i)
+    input_ids = {id(fa) for fa in f_args if isinstance(fa, torch.Tensor)}
+    output_position = {id(o): j for j, o in enumerate(f_outs) if isinstance(o, torch.Tensor)}
+    aliases_per_storage: Counter[int] = Counter()
+    multi_view_per_storage: Counter[int] = Counter()
+    for o in f_outs:
+        if isinstance(o, torch.Tensor):
+            aliases_per_storage[storage_ref(o)] += 1
+            if is_multi_output_view(o):
+                multi_view_per_storage[storage_ref(o)] += 1
+
+    infos: list[OutputAliasInfo] = []
+    bases: list[torch.Tensor] = []
+    base_position: dict[int, int] = {}
+    for o in f_outs:
+        if not isinstance(o, torch.Tensor):
+            infos.append(OutputAliasInfo(OutputType.non_alias, type(o), None, None, False))
+            continue
+        st = storage_ref(o)
+        non_multi_aliases = aliases_per_storage[st] - multi_view_per_storage[st]
+        grad_fn = o.grad_fn
+        base_idx: int | None = None
+        if st in input_storage and _is_custom_function_output(o):
+            kind = OutputType.custom_function_view
+        elif st in input_storage and not storage_was_changed(o):
+            if grad_fn is not None and non_multi_aliases == 0:
+                kind = OutputType.non_alias
+            elif id(o) in input_ids:
+                kind, base_idx = OutputType.is_input, input_storage[st]
+            else:
+                kind, base_idx = OutputType.alias_of_input, input_storage[st]
+        elif storage_was_changed(o) and id(o) in input_ids:
+            kind, base_idx = OutputType.is_input, input_storage[st]
+        elif o._base is not None and o.requires_grad and o._base.requires_grad:
+            if aliases_per_storage[st] == 1 or non_multi_aliases <= 1:
+                kind = OutputType.unsafe_view_alias
+            elif id(o._base) in output_position:
+                kind = OutputType.alias_of_intermediate_base_is_user_output
+                base_idx = output_position[id(o._base)]
+            elif id(o._base) in base_position:
+                kind, base_idx = OutputType.alias_of_intermediate, base_position[id(o._base)]
+            else:
+                kind = OutputType.alias_of_intermediate_save_as_output
+                base_idx = base_position[id(o._base)] = len(bases)
+                bases.append(o._base)
+        elif (
+            o._base is not None
+            and id(o._base) in output_position
+            and o.shape == o._base.shape
+            and o.stride() == o._base.stride()
+            and o.storage_offset() == o._base.storage_offset()
+            and o.dtype == o._base.dtype
+        ):
+            kind = OutputType.alias_of_intermediate_base_is_user_output
+            base_idx = output_position[id(o._base)]
+        else:
+            kind = OutputType.non_alias
+        requires_grad = bool(o.requires_grad)
+        infos.append(
+            OutputAliasInfo(
+                output_type=kind,
+                raw_type=torch.Tensor,
+                base_idx=base_idx,
+                dynamic_dims=_dynamic_dims(o),
+                requires_grad=requires_grad,
+                requires_grad_for_backward=requires_grad and (o._base is None or grad_fn is not None),
+            )
+        )
+    return infos, bases

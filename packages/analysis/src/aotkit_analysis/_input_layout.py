@@ -1,0 +1,211 @@
+"""How the user's flat inputs map onto the compiled function's inputs.
+
+# Note [Duplicate and aliased inputs]
+# Functionalization assumes distinct inputs do not alias. Two cases break that:
+#   * the same tensor passed twice, ``f(x, x)``: the duplicate is dropped and the
+#     compiled function sees ``x`` once (dedupe);
+#   * distinct tensors that overlap in memory, ``f(x, x.view(-1))``, when one of them is
+#     mutated: the group is replaced by one *synthetic base* input and the traced function
+#     regenerates each member with ``as_strided`` off that base, so functionalization sees
+#     the aliasing. Groups that are never mutated need no base.
+# The compiled inputs are ``(*kept user inputs in order, *synthetic bases)``. The layout is
+# a function of the runtime aliasing pattern, so the frontend computes it on every call and
+# compiles once per distinct pattern (it never assumes the first call's pattern).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class AliasedMember:
+    """One user input regenerated from a synthetic base inside the trace."""
+
+    # index into the user's flat inputs
+    user_index: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+    storage_offset: int
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class SyntheticBaseGroup:
+    members: tuple[AliasedMember, ...]
+    # index (into the user's flat inputs) of a member that is the base of the others, or
+    # None when the base is a flat view over the whole storage
+    base_user_index: int | None
+
+
+@dataclass(frozen=True)
+class InputLayout:
+    """Dedupe + synthetic-base calling convention. See Note [Duplicate and aliased inputs]."""
+
+    num_user_inputs: int
+    # for every user input, the index of its first occurrence (itself when unique)
+    first_occurrence: tuple[int, ...]
+    # user indices passed straight through, in order
+    kept: tuple[int, ...]
+    synthetic_bases: tuple[SyntheticBaseGroup, ...] = ()
+    key: tuple[Any, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        assert len(self.first_occurrence) == self.num_user_inputs
+        object.__setattr__(self, "key", (self.first_occurrence, self.synthetic_bases))
+
+    @property
+    def is_trivial(self) -> bool:
+        return not self.synthetic_bases and len(self.kept) == self.num_user_inputs
+
+    @property
+    def num_compiled_inputs(self) -> int:
+        return len(self.kept) + len(self.synthetic_bases)
+
+    def compiled_index_of_user_input(self, user_index: int) -> int | None:
+        """Where a user input's value lives among the compiled inputs (None if regenerated
+        from a synthetic base)."""
+        first = self.first_occurrence[user_index]
+        try:
+            return self.kept.index(first)
+        except ValueError:
+            return None
+
+    def compiled_args(self, flat_args: Sequence[Any]) -> list[Any]:
+        """Map runtime user inputs to compiled inputs (builds synthetic bases)."""
+        out = [flat_args[i] for i in self.kept]
+        for group in self.synthetic_bases:
+            out.append(_make_base(flat_args, group))
+        return out
+
+    def wrap_for_tracing(self, flat_fn: Callable[..., Any]) -> Callable[..., Any]:
+        """The function of compiled inputs that the tracer sees."""
+        if self.is_trivial:
+            return flat_fn
+        layout = self
+
+        def with_layout(*compiled_args: Any) -> Any:
+            user: list[Any] = [None] * layout.num_user_inputs
+            for pos, i in enumerate(layout.kept):
+                user[i] = compiled_args[pos]
+            for g, group in enumerate(layout.synthetic_bases):
+                base = compiled_args[len(layout.kept) + g]
+                for m in group.members:
+                    src = base if base.dtype == m.dtype else base.view(m.dtype)
+                    user[m.user_index] = src.as_strided(m.size, m.stride, m.storage_offset)
+            for i, first in enumerate(layout.first_occurrence):
+                if first != i:
+                    user[i] = user[first]
+            return flat_fn(*user)
+
+        return with_layout
+
+
+def _make_base(flat_args: Sequence[Any], group: SyntheticBaseGroup) -> torch.Tensor:
+    if group.base_user_index is not None:
+        base = flat_args[group.base_user_index]
+        assert isinstance(base, torch.Tensor)
+        return base
+    t = flat_args[group.members[0].user_index]
+    assert isinstance(t, torch.Tensor)
+    storage = t.untyped_storage()
+    numel = storage.nbytes() // t.element_size()
+    return t.new_empty(0).set_(storage, 0, (numel,), (1,))
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last] element offsets of t within its storage."""
+    lo = hi = int(t.storage_offset())
+    for s, st in zip(t.shape, t.stride(), strict=True):
+        if s == 0:
+            return (lo, lo - 1)
+        if st >= 0:
+            hi += (s - 1) * st
+        else:
+            lo += (s - 1) * st
+    return lo, hi
+
+
+def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dtype.itemsize != b.dtype.itemsize:
+        return True
+    lo_a, hi_a = _extent(a)
+    lo_b, hi_b = _extent(b)
+    return not (hi_a < lo_b or hi_b < lo_a)
+
+
+def compute_input_layout(
+    flat_args: Sequence[Any], mutated: Callable[[int], bool] | None = None
+) -> InputLayout:
+    """Work out dedupe and (when ``mutated`` says an aliased input is mutated) synthetic
+    bases for these runtime inputs. ``mutated(i)`` answers for user input i."""
+    first: list[int] = []
+    seen: dict[int, int] = {}
+    for i, a in enumerate(flat_args):
+        if isinstance(a, torch.Tensor):
+            first.append(seen.setdefault(id(a), i))
+        else:
+            first.append(i)
+    unique = [i for i, f in enumerate(first) if f == i]
+    groups: dict[int, list[int]] = {}
+    for i in unique:
+        a = flat_args[i]
+        if isinstance(a, torch.Tensor) and not a.is_sparse:
+            groups.setdefault(a.untyped_storage()._cdata, []).append(i)
+    in_base: set[int] = set()
+    bases: list[SyntheticBaseGroup] = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        overlapping = [
+            i
+            for i in members
+            if any(j != i and _may_overlap(flat_args[i], flat_args[j]) for j in members)
+        ]
+        if len(overlapping) < 2 or mutated is None:
+            continue
+        if not any(mutated(i) or any(mutated(k) for k, f in enumerate(first) if f == i) for i in overlapping):
+            continue
+        bases.append(_group(flat_args, overlapping))
+        in_base.update(overlapping)
+    kept = tuple(i for i in unique if i not in in_base)
+    return InputLayout(len(flat_args), tuple(first), kept, tuple(bases))
+
+
+def _group(flat_args: Sequence[Any], members: list[int]) -> SyntheticBaseGroup:
+    tensors = [flat_args[i] for i in members]
+    base_index: int | None = None
+    # A member that is the view-base of every other member serves as the base.
+    for i, t in zip(members, tensors, strict=True):
+        if all(o is t or o._base is t for o in tensors):
+            base_index = i
+            break
+    if base_index is None:
+        roots = {id(t._base) for t in tensors if t._base is not None}
+        if any(t.requires_grad for t in tensors):
+            raise RuntimeError(
+                "aotkit: inputs "
+                + ", ".join(str(i) for i in members)
+                + " alias one storage, at least one of them is mutated and requires grad, "
+                "and none of them is the view-base of the others, so no differentiable "
+                "synthetic base exists. Pass the base tensor itself (and take the views "
+                "inside the function), or clone one of the inputs before the call."
+                + (f" ({len(roots)} distinct view bases)" if roots else "")
+            )
+    ref = flat_args[base_index] if base_index is not None else None
+    dt = ref.dtype if ref is not None else tensors[0].dtype
+    out = []
+    for i, t in zip(members, tensors, strict=True):
+        if t.dtype.itemsize != dt.itemsize:
+            raise RuntimeError(
+                f"aotkit: aliased inputs {members} are mutated and have different element "
+                "sizes; clone one of them before the call."
+            )
+        out.append(
+            AliasedMember(i, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
+        )
+    return SyntheticBaseGroup(tuple(out), base_index)

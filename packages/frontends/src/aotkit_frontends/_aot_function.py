@@ -1,0 +1,184 @@
+"""aot_function and aot_module: the drop-in entry points.
+
+See Note [Compile cache keys] for when a new compilation happens.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.utils._pytree as pytree
+from aotkit_partitioners import default_partition
+from aotkit_schemas import AOTConfig
+
+from ._compile import CompiledArtifacts, Runner, compile_flat
+from ._guards import input_key
+from ._outputs import OutputLayout, flatten_function
+
+_AOT_COUNTER = itertools.count()
+
+
+def _resolve_partitioner(partition_fn: Any) -> Callable[..., Any]:
+    if isinstance(partition_fn, str):
+        import aotkit_partitioners as parts
+
+        getter = getattr(parts, "get_partitioner", None)
+        if getter is None:
+            raise ValueError(f"unknown partitioner {partition_fn!r}")
+        resolved: Callable[..., Any] = getter(partition_fn)
+        return resolved
+    if not callable(partition_fn):
+        raise TypeError(f"partition_fn must be a callable or a registered name, got {partition_fn!r}")
+    fn: Callable[..., Any] = partition_fn
+    return fn
+
+
+def make_config(
+    fw_compiler: Callable[..., Any],
+    bw_compiler: Callable[..., Any] | None,
+    partition_fn: Any,
+    decompositions: dict[Any, Callable[..., Any]] | None,
+    num_params_buffers: int,
+    keep_inference_input_mutations: bool,
+    inference_compiler: Callable[..., Any] | None,
+    *,
+    dynamic: bool = False,
+    enable_log: bool = True,
+    is_export: bool = False,
+    **extra: Any,
+) -> AOTConfig:
+    return AOTConfig(
+        fw_compiler=fw_compiler,
+        bw_compiler=bw_compiler if bw_compiler is not None else fw_compiler,
+        inference_compiler=inference_compiler if inference_compiler is not None else fw_compiler,
+        partition_fn=_resolve_partitioner(partition_fn),
+        decompositions=dict(decompositions or {}),
+        num_params_buffers=num_params_buffers,
+        aot_id=next(_AOT_COUNTER),
+        keep_inference_input_mutations=keep_inference_input_mutations,
+        dynamic_shapes=dynamic,
+        enable_log=enable_log,
+        is_export=is_export,
+        **extra,
+    )
+
+
+class CompiledCache:
+    """Compiled entries of one function, keyed as in Note [Compile cache keys]."""
+
+    def __init__(self, fn: Callable[..., Any], cfg: AOTConfig) -> None:
+        self.fn = fn
+        self.cfg = cfg
+        self.entries: dict[tuple[Any, ...], tuple[Runner, OutputLayout, CompiledArtifacts]] = {}
+        self.last_key: tuple[Any, ...] | None = None
+        self.last_entry: tuple[Runner, OutputLayout, CompiledArtifacts] | None = None
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        flat_args, in_spec = pytree.tree_flatten((args, kwargs))
+        key = (in_spec, input_key(flat_args, dynamic=self.cfg.dynamic_shapes))
+        if key == self.last_key and self.last_entry is not None:
+            entry = self.last_entry
+        else:
+            found = self.entries.get(key)
+            if found is None:
+                found = self._compile(flat_args, in_spec)
+                self.entries[key] = found
+            entry = found
+            self.last_key, self.last_entry = key, entry
+        runner, outputs, _ = entry
+        return outputs.unflatten(runner(flat_args))
+
+    def _compile(
+        self, flat_args: list[Any], in_spec: pytree.TreeSpec
+    ) -> tuple[Runner, OutputLayout, CompiledArtifacts]:
+        outputs = OutputLayout()
+        flat_fn = flatten_function(self.fn, in_spec, outputs)
+        runner, artifacts = compile_flat(flat_fn, flat_args, self.cfg)
+        return runner, outputs, artifacts
+
+    @property
+    def artifacts(self) -> list[CompiledArtifacts]:
+        return [e[2] for e in self.entries.values()]
+
+
+def aot_function(
+    fn: Callable[..., Any],
+    fw_compiler: Callable[..., Any],
+    bw_compiler: Callable[..., Any] | None = None,
+    partition_fn: Callable[..., Any] = default_partition,
+    decompositions: dict[Any, Callable[..., Any]] | None = None,
+    num_params_buffers: int = 0,
+    keep_inference_input_mutations: bool = False,
+    inference_compiler: Callable[..., Any] | None = None,
+    *,
+    dynamic: bool = False,
+    enable_log: bool = True,
+) -> Callable[..., Any]:
+    """Trace ``fn``'s forward and backward ahead of time and compile them.
+
+    Same signature and calling conventions as ``torch._functorch.aot_autograd.aot_function``.
+    The graphs are traced on the first call (and again for inputs that need a different
+    specialization, see Note [Compile cache keys]); ``fw_compiler``/``bw_compiler`` receive
+    the partitioned forward and backward graphs, ``inference_compiler`` (default
+    ``fw_compiler``) the single graph traced when no gradient is needed.
+    """
+    cfg = make_config(
+        fw_compiler, bw_compiler, partition_fn, decompositions, num_params_buffers,
+        keep_inference_input_mutations, inference_compiler, dynamic=dynamic,
+        enable_log=enable_log,
+    )
+    cache = CompiledCache(fn, cfg)
+
+    @functools.wraps(fn)
+    def returned_function(*args: Any, **kwargs: Any) -> Any:
+        return cache(args, kwargs)
+
+    returned_function._aotkit_cache = cache  # type: ignore[attr-defined]
+    return returned_function
+
+
+compiled_function = aot_function
+
+
+class AOTModule(nn.Module):
+    """The module returned by ``aot_module``: calls the compiled functional form of
+    ``orig_module`` with its current parameters and buffers."""
+
+    def __init__(self, orig_module: nn.Module, compiled: Callable[..., Any]) -> None:
+        super().__init__()
+        self.orig_module = orig_module
+        self._compiled = compiled
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        named_params = dict(self.orig_module.named_parameters(remove_duplicate=False))
+        named_buffers = dict(self.orig_module.named_buffers(remove_duplicate=False))
+        return self._compiled(named_params, named_buffers, *args, **kwargs)
+
+
+def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
+    """Compile ``mod`` with ``aot_function``, lifting parameters and buffers as inputs.
+
+    Takes the same arguments as ``aot_function`` after the module. Parameters and buffers
+    are the first ``num_params_buffers`` flat inputs.
+    """
+    if "num_params_buffers" in kwargs:
+        raise TypeError("aot_module computes num_params_buffers itself; do not pass it")
+
+    def functional_call(
+        named_params: dict[str, Any], named_buffers: dict[str, Any], *a: Any, **kw: Any
+    ) -> Any:
+        return torch.func.functional_call(mod, {**named_params, **named_buffers}, a, kw, tie_weights=False)
+
+    num_params_buffers = len(list(mod.named_parameters(remove_duplicate=False))) + len(
+        list(mod.named_buffers(remove_duplicate=False))
+    )
+    compiled = aot_function(functional_call, *args, num_params_buffers=num_params_buffers, **kwargs)
+    return AOTModule(mod, compiled)
+
+
+compiled_module = aot_module

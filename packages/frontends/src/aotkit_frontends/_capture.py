@@ -1,0 +1,143 @@
+"""Capturing functional ATen graphs: the inference graph and the joint graph.
+
+Both are traced with make_fx over fake inputs, with a FunctionalTensorMode inside the
+trace so that every mutation and view is replaced by its functional form. The inputs are
+wrapped as FunctionalTensors inside the traced function and unwrapped at the end; the
+updates of mutated inputs are returned as extra outputs (See Note [Forward graph calling
+convention]) or, for MUTATED_IN_GRAPH inputs, copied back into the placeholder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from aotkit_functional import from_functional, functionalized, to_functional
+from aotkit_schemas import DecompositionTable, MutationType, OutputType, ViewAndMutationMeta
+from torch.fx.experimental.proxy_tensor import make_fx
+
+FlatFn = Callable[..., Sequence[Any]]
+
+
+def _fresh_input(arg: Any, mutates_data: bool, mutates_metadata: bool) -> Any:
+    """An input that autograd can differentiate through after the function mutates it.
+
+    torch.autograd.grad must see the value *before* the mutation, so a mutated input that
+    requires grad is replaced by a clone (data mutation) or a trivial view (metadata
+    mutation) before the user's function runs.
+    """
+    if not isinstance(arg, torch.Tensor) or not arg.requires_grad:
+        return arg
+    if mutates_data:
+        return arg.clone()
+    if mutates_metadata:
+        return arg.view(arg.shape)
+    return arg
+
+
+def _forward_returns(
+    flat_fn: FlatFn,
+    f_args: list[Any],
+    meta: ViewAndMutationMeta,
+    *,
+    for_autograd: bool,
+) -> tuple[list[Any], list[Any]]:
+    """Run ``flat_fn`` on functional inputs; return (forward returns, inputs as run)."""
+    run_args = list(f_args)
+    if for_autograd:
+        for i, info in enumerate(meta.input_info):
+            if info.mutation_type is MutationType.MUTATED_OUT_GRAPH:
+                run_args[i] = _fresh_input(f_args[i], info.mutates_data, info.mutates_metadata)
+    outs = list(flat_fn(*run_args))
+    bases: list[Any] = [None] * meta.num_intermediate_bases
+    for o, info in zip(outs, meta.output_info, strict=True):
+        if info.output_type is OutputType.alias_of_intermediate_save_as_output:
+            assert info.base_idx is not None and isinstance(o, torch.Tensor)
+            bases[info.base_idx] = o._base
+    if any(b is None for b in bases):
+        raise RuntimeError(
+            "aotkit: the function's outputs alias its intermediates differently on the "
+            "second trace than on the first; it is not deterministic under tracing."
+        )
+    mutated = [run_args[i] for i in meta.mutated_inp_runtime_indices]
+    return [*mutated, *outs, *bases], run_args
+
+
+def trace_inference(
+    flat_fn: FlatFn,
+    fake_args: Sequence[Any],
+    meta: ViewAndMutationMeta,
+    decompositions: DecompositionTable,
+) -> torch.fx.GraphModule:
+    """Trace the inference graph: ``args -> forward returns`` (no saved values)."""
+    in_graph = meta.mutated_inp_in_graph_indices
+
+    def inference(*args: Any) -> list[Any]:
+        with functionalized(keep_input_mutations=meta.keep_input_mutations):
+            f_args = [to_functional(a) for a in args]
+            returns, _ = _forward_returns(flat_fn, f_args, meta, for_autograd=False)
+            plain = [from_functional(r) for r in returns]
+            updates = [from_functional(f_args[i]) for i in in_graph]
+        for i, new in zip(in_graph, updates, strict=True):
+            original = args[i]
+            if meta.input_info[i].mutates_storage_metadata:
+                original.set_(new)
+            else:
+                original.copy_(new)
+        return plain
+
+    with torch.no_grad():
+        gm = make_fx(inference, decomposition_table=decompositions)(*fake_args)
+    return gm
+
+
+def trace_joint(
+    flat_fn: FlatFn,
+    fake_args: Sequence[Any],
+    meta: ViewAndMutationMeta,
+    decompositions: DecompositionTable,
+) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """Trace ``joint(primals, tangents) -> (*forward_returns, *input_grads)``.
+
+    See Note [Joint graph calling convention]. Returns the graph and its example inputs
+    ``[primals, tangents]``.
+    """
+    tangent_positions = meta.tangent_indices
+
+    def joint(primals: list[Any], tangents: list[Any]) -> list[Any]:
+        with functionalized(keep_input_mutations=False):
+            f_primals = [to_functional(p) for p in primals]
+            f_tangents = [to_functional(t) for t in tangents]
+            with torch.enable_grad():
+                returns, _ = _forward_returns(flat_fn, f_primals, meta, for_autograd=True)
+                diff_inputs = [
+                    (i, p)
+                    for i, p in enumerate(f_primals)
+                    if isinstance(p, torch.Tensor) and p.requires_grad
+                ]
+                outs_and_grads = [
+                    (returns[pos], f_tangents[k])
+                    for k, pos in enumerate(tangent_positions)
+                    if isinstance(returns[pos], torch.Tensor) and returns[pos].requires_grad
+                ]
+                grads: list[Any] = [None] * len(f_primals)
+                if outs_and_grads and diff_inputs:
+                    computed = torch.autograd.grad(
+                        [o for o, _ in outs_and_grads],
+                        [p for _, p in diff_inputs],
+                        grad_outputs=[t for _, t in outs_and_grads],
+                        allow_unused=True,
+                    )
+                    for (i, _), g in zip(diff_inputs, computed, strict=True):
+                        grads[i] = g
+            plain_returns = [from_functional(r) for r in returns]
+            plain_grads = [from_functional(g) if g is not None else None for g in grads]
+        return [*plain_returns, *plain_grads]
+
+    primals = list(fake_args)
+    tangents = list(meta.traced_tangents)
+    with torch.autograd.set_multithreading_enabled(False):
+        gm = make_fx(joint, decomposition_table=decompositions)(primals, tangents)
+    return gm, [primals, tangents]

@@ -1,0 +1,245 @@
+"""Compiling one flat function for one input pattern: the core AOT pipeline.
+
+    flat args ──layout──▶ compiled args ──fakify──▶ metadata pass ──▶ inference or joint trace
+       ──partition──▶ fw/bw graphs ──compilers──▶ autograd.Function + epilogue ──▶ runner
+
+See Note [Duplicate and aliased inputs], Note [Forward graph calling convention] and
+Note [Runtime epilogue order].
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+from aotkit_analysis import InputLayout, collect_metadata, compute_input_layout
+from aotkit_schemas import (
+    AOTConfig,
+    OutputType,
+    PartitionResult,
+    ViewAndMutationMeta,
+)
+from aotkit_runtime import AutogradPlan, as_list_caller, make_autograd_function, make_epilogue
+from torch._dispatch.python import enable_python_dispatcher
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ._capture import FlatFn, trace_inference, trace_joint
+from ._errors import explain_tracing_errors
+from ._fakify import construct_fake_mode, fakify_inputs
+
+Runner = Callable[[list[Any]], list[Any]]
+
+
+@dataclass
+class CompiledArtifacts:
+    """What one compilation produced; kept for inspection and tests."""
+
+    meta: ViewAndMutationMeta
+    layout: InputLayout
+    fw_module: torch.fx.GraphModule | None = None
+    bw_module: torch.fx.GraphModule | None = None
+    inference_module: torch.fx.GraphModule | None = None
+    joint_module: torch.fx.GraphModule | None = None
+    partition: PartitionResult | None = None
+
+
+@contextlib.contextmanager
+def _tracing_context(fake_mode: FakeTensorMode, symbolic: bool) -> Any:
+    rng = torch.get_rng_state()
+    try:
+        with fake_mode, (enable_python_dispatcher() if symbolic else contextlib.nullcontext()):
+            yield
+    finally:
+        torch.set_rng_state(rng)
+
+
+def _output_needs_grad(meta: ViewAndMutationMeta) -> bool:
+    """Whether any output or visible input mutation actually needs a backward."""
+    for out in meta.output_info:
+        if not out.requires_grad:
+            continue
+        if out.output_type in (OutputType.alias_of_input, OutputType.is_input):
+            assert out.base_idx is not None
+            if meta.input_info[out.base_idx].requires_grad:
+                continue  # view replay gives it grad_fn at run time
+        return True
+    return any(
+        i.requires_grad
+        and i.mutates_data
+        and not i.mutations_under_no_grad_or_inference_mode
+        and not i.mutations_hidden_from_autograd
+        for i in meta.input_info
+    )
+
+
+def _metadata(
+    flat_fn: FlatFn,
+    flat_args: Sequence[Any],
+    layout: InputLayout,
+    cfg: AOTConfig,
+    fake_mode: FakeTensorMode,
+    shape_env: Any,
+) -> tuple[ViewAndMutationMeta, list[Any], FlatFn, list[Any]]:
+    traced_fn = layout.wrap_for_tracing(flat_fn)
+    fake = fakify_inputs(
+        layout.compiled_args(flat_args),
+        fake_mode,
+        shape_env,
+        num_params_buffers=_num_params_after_layout(layout, cfg.num_params_buffers),
+        is_export=cfg.is_export,
+    )
+    needs_autograd = torch.is_grad_enabled() and any(
+        isinstance(a, torch.Tensor) and a.requires_grad for a in fake
+    )
+    meta, fw_outs = collect_metadata(
+        traced_fn,
+        fake,
+        keep_input_mutations=cfg.keep_inference_input_mutations and not needs_autograd,
+        is_train=needs_autograd,
+        static_input_indices=cfg.static_input_indices or (),
+    )
+    return meta, fake, traced_fn, fw_outs
+
+
+def _num_params_after_layout(layout: InputLayout, num_params_buffers: int) -> int:
+    return sum(1 for i in layout.kept if i < num_params_buffers)
+
+
+def _as_inference(meta: ViewAndMutationMeta, keep_input_mutations: bool) -> ViewAndMutationMeta:
+    infos = [dataclasses.replace(i, keep_input_mutations=keep_input_mutations) for i in meta.input_info]
+    return dataclasses.replace(
+        meta,
+        input_info=infos,
+        keep_input_mutations=keep_input_mutations,
+        traced_tangents=[],
+        is_train=False,
+    )
+
+
+def _relative_offsets(
+    meta: ViewAndMutationMeta, fake_args: Sequence[Any], fw_outs: Sequence[Any]
+) -> list[int | None]:
+    n_mut = meta.num_mutated_inp_runtime_indices
+    n_out = meta.num_outputs
+    outs = fw_outs[n_mut : n_mut + n_out]
+    bases = fw_outs[n_mut + n_out :]
+    result: list[int | None] = []
+    for j, info in enumerate(meta.output_info):
+        base: Any = None
+        if info.output_type is OutputType.alias_of_input:
+            base = fake_args[info.base_idx] if info.base_idx is not None else None
+        elif info.output_type in (
+            OutputType.alias_of_intermediate,
+            OutputType.alias_of_intermediate_save_as_output,
+        ):
+            base = bases[info.base_idx] if info.base_idx is not None else None
+        elif info.output_type is OutputType.alias_of_intermediate_base_is_user_output:
+            base = outs[info.base_idx] if info.base_idx is not None else None
+        if base is None or not isinstance(outs[j], torch.Tensor):
+            result.append(None)
+            continue
+        rel = outs[j].storage_offset() - base.storage_offset()
+        result.append(rel if isinstance(rel, int) else None)
+    return result
+
+
+def compile_flat(
+    flat_fn: FlatFn, flat_args: Sequence[Any], cfg: AOTConfig
+) -> tuple[Runner, CompiledArtifacts]:
+    """Trace, partition and compile ``flat_fn`` for inputs shaped like ``flat_args``.
+
+    Returns ``runner(flat_args) -> flat graph outputs`` (user outputs only).
+    """
+    fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
+    layout = compute_input_layout(flat_args)
+    with explain_tracing_errors(), _tracing_context(fake_mode, shape_env is not None):
+        meta, fake, traced_fn, fw_outs = _metadata(flat_fn, flat_args, layout, cfg, fake_mode, shape_env)
+        first_meta, first_layout = meta, layout
+
+        def mutated(user_index: int) -> bool:
+            ci = first_layout.compiled_index_of_user_input(user_index)
+            return ci is not None and first_meta.input_info[ci].mutates_anything
+
+        with_bases = compute_input_layout(flat_args, mutated)
+        if with_bases.key != layout.key:
+            layout = with_bases
+            meta, fake, traced_fn, fw_outs = _metadata(
+                flat_fn, flat_args, layout, cfg, fake_mode, shape_env
+            )
+        if meta.is_train and not _output_needs_grad(meta):
+            meta = _as_inference(meta, cfg.keep_inference_input_mutations)
+        artifacts = CompiledArtifacts(meta=meta, layout=layout)
+        relative = _relative_offsets(meta, fake, fw_outs)
+        if meta.is_train:
+            call = _compile_training(traced_fn, fake, meta, cfg, artifacts)
+        else:
+            call = _compile_inference(traced_fn, fake, meta, cfg, artifacts)
+    epilogue = make_epilogue(meta, relative)
+    trivial = layout.is_trivial
+
+    if trivial:
+
+        def run_trivial(args: list[Any]) -> list[Any]:
+            return epilogue(args, call(args))
+
+        return run_trivial, artifacts
+
+    def run(args: list[Any]) -> list[Any]:
+        compiled_args = layout.compiled_args(args)
+        return epilogue(compiled_args, call(list(compiled_args)))
+
+    return run, artifacts
+
+
+def _compile_inference(
+    traced_fn: FlatFn,
+    fake: list[Any],
+    meta: ViewAndMutationMeta,
+    cfg: AOTConfig,
+    artifacts: CompiledArtifacts,
+) -> Callable[[list[Any]], Sequence[Any]]:
+    gm = trace_inference(traced_fn, fake, meta, cfg.decompositions)
+    artifacts.inference_module = gm
+    compiler = cfg.inference_compiler or cfg.fw_compiler
+    compiled = as_list_caller(compiler(gm, fake))
+    grad_free = not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake)
+
+    if grad_free:
+        return compiled
+
+    def run_no_grad(args: list[Any]) -> Sequence[Any]:
+        with torch.no_grad():
+            return compiled(args)
+
+    return run_no_grad
+
+
+def _compile_training(
+    traced_fn: FlatFn,
+    fake: list[Any],
+    meta: ViewAndMutationMeta,
+    cfg: AOTConfig,
+    artifacts: CompiledArtifacts,
+) -> Callable[[list[Any]], Sequence[Any]]:
+    joint, joint_inputs = trace_joint(traced_fn, fake, meta, cfg.decompositions)
+    artifacts.joint_module = joint
+    n_fwd = meta.num_forward_returns
+    fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
+    partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
+    artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
+    compiled_fw = cfg.fw_compiler(fw_module, fake)
+    bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
+    compiled_bw = cfg.bw_compiler(bw_module, bw_example)
+    plan = AutogradPlan(
+        meta=meta,
+        num_saved_tensors=partition.num_saved_tensors,
+        num_saved_symints=partition.num_saved_symints,
+        num_inputs=len(fake),
+    )
+    run = make_autograd_function(compiled_fw, lambda: compiled_bw, plan)
+    return run

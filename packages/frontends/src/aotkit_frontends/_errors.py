@@ -1,0 +1,47 @@
+"""Translating tracing failures into errors that name the cause and the remedy."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+)
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+DATA_DEPENDENT_MESSAGE = (
+    "aotkit cannot compile data-dependent control flow or values: while tracing with "
+    "fake tensors the function needed the concrete value of a tensor (operator {op}). "
+    "This happens with Python control flow on tensor values (`if x.sum() > 0:`), "
+    "`.item()`, `.tolist()`, `bool(t)` or `int(t)`. Remedy: express the branch with "
+    "tensor ops (`torch.where(cond, a, b)`, masking) or `torch.cond`, pass the value in "
+    "as a Python scalar argument, or move the data-dependent part outside the compiled "
+    "function."
+)
+
+DYNAMIC_OUTPUT_MESSAGE = (
+    "aotkit cannot compile an operator whose output shape depends on tensor values "
+    "(operator {op}, e.g. nonzero, unique, boolean-mask indexing). Remedy: use a "
+    "fixed-shape formulation (torch.where, masked ops) or run that part eagerly."
+)
+
+
+class AOTCompileError(RuntimeError):
+    """Raised when a function cannot be traced into a functional graph."""
+
+
+@contextlib.contextmanager
+def explain_tracing_errors() -> Iterator[None]:
+    """Re-raise fake-tensor data-dependence failures with a clear message."""
+    try:
+        yield
+    except DataDependentOutputException as e:
+        raise AOTCompileError(DATA_DEPENDENT_MESSAGE.format(op=e.func)) from e
+    except DynamicOutputShapeException as e:
+        raise AOTCompileError(DYNAMIC_OUTPUT_MESSAGE.format(op=e.func)) from e
+    except GuardOnDataDependentSymNode as e:
+        raise AOTCompileError(
+            DATA_DEPENDENT_MESSAGE.format(op="a data-dependent symbolic value")
+        ) from e

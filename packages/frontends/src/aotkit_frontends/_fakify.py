@@ -1,0 +1,63 @@
+"""Turning runtime inputs into fake tensors (and symbolic ints) for tracing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch._dynamo.source import ConstantSource
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+
+def construct_fake_mode(
+    flat_args: Sequence[Any], *, dynamic: bool
+) -> tuple[FakeTensorMode, ShapeEnv | None]:
+    """Reuse the fake mode the inputs already live in, or make a new one."""
+    mode = detect_fake_mode(list(flat_args))
+    if mode is not None:
+        return mode, mode.shape_env
+    shape_env = ShapeEnv() if dynamic else None
+    return FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=False), shape_env
+
+
+def fakify_inputs(
+    flat_args: Sequence[Any],
+    fake_mode: FakeTensorMode,
+    shape_env: ShapeEnv | None,
+    *,
+    num_params_buffers: int,
+    is_export: bool = False,
+    static_weight_shapes: bool = True,
+) -> list[Any]:
+    """Fake versions of ``flat_args``.
+
+    With a shape env, tensor sizes become symbolic (parameters and buffers keep static
+    shapes when ``static_weight_shapes``) and Python ints become SymInts, except in
+    export, which specializes on ints.
+    """
+    out: list[Any] = []
+    with fake_mode:
+        for idx, x in enumerate(flat_args):
+            if isinstance(x, FakeTensor):
+                if x.fake_mode is not fake_mode:
+                    raise RuntimeError(
+                        "aotkit: inputs are fake tensors from different FakeTensorModes; "
+                        "create all fake inputs under one mode."
+                    )
+                out.append(x)
+            elif isinstance(x, torch.Tensor):
+                static = shape_env is None or (idx < num_params_buffers and static_weight_shapes)
+                out.append(fake_mode.from_tensor(x, static_shapes=static))
+            elif isinstance(x, int) and not isinstance(x, bool) and shape_env is not None and not is_export:
+                source = ConstantSource(f"sym_{idx}")
+                out.append(
+                    shape_env.create_symintnode(
+                        shape_env.create_symbol(x, source), hint=x, source=source
+                    )
+                )
+            else:
+                out.append(x)
+    return out

@@ -1,0 +1,62 @@
+"""Which inputs may reuse a compiled entry.
+
+# Note [Compile cache keys]
+# torch's aot_function compiles once and reuses the graph for any later inputs. aotkit keys
+# its compiled entries on what the graph was specialized to, so that a graph is never run
+# on inputs it was not traced for:
+#   * the aliasing pattern of the inputs (Note [Duplicate and aliased inputs]);
+#   * grad mode and each tensor's requires_grad (they decide inference vs training);
+#   * dtype, device, layout and number of dimensions of every tensor;
+#   * with static shapes, every size and stride; with dynamic shapes, the ShapeEnv's
+#     guards, checked against the new sizes (a violation triggers a retrace);
+#   * the values of non-tensor inputs that the trace baked in as constants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+
+def _alias_key(flat_args: Sequence[Any]) -> tuple[Any, ...]:
+    ids: dict[int, int] = {}
+    storages: dict[int, int] = {}
+    key: list[Any] = []
+    n_tensors = 0
+    for i, a in enumerate(flat_args):
+        if isinstance(a, torch.Tensor):
+            n_tensors += 1
+            first = ids.setdefault(id(a), i)
+            if first != i:
+                key.append(("dup", i, first))
+                continue
+            if a.is_sparse or a.is_mkldnn:
+                continue
+            s = a.untyped_storage()._cdata
+            other = storages.setdefault(s, i)
+            if other != i:
+                key.append(("alias", i, other, a.storage_offset(), tuple(a.stride())))
+    return tuple(key)
+
+
+def input_key(flat_args: Sequence[Any], *, dynamic: bool) -> tuple[Any, ...]:
+    """The cache key of Note [Compile cache keys] (minus ShapeEnv guards)."""
+    parts: list[Any] = [torch.is_grad_enabled()]
+    for a in flat_args:
+        if isinstance(a, torch.Tensor):
+            if dynamic:
+                parts.append((a.dtype, a.device, a.layout, a.dim(), a.requires_grad))
+            else:
+                parts.append(
+                    (a.dtype, a.device, a.layout, a.shape, a.stride(), a.requires_grad,
+                     a.storage_offset())
+                )
+        elif isinstance(a, (int, float, bool, str, type(None))):
+            parts.append((type(a), a) if not (dynamic and type(a) is int) else int)
+        else:
+            parts.append(type(a))
+    if len(flat_args) > 1:
+        parts.append(_alias_key(flat_args))
+    return tuple(parts)

@@ -1,0 +1,88 @@
+"""Flattening user functions: pytree inputs in, graph-able output leaves out.
+
+# Note [Output leaves]
+# A user function may return any pytree. Its leaves are split at the first trace into
+#   * graph leaves: tensors and symbolic scalars, returned by the compiled graph;
+#   * constant leaves: Python scalars, strings, None, dtypes, devices, recorded once and
+#     re-inserted at run time (they cannot depend on tensor values, or tracing would have
+#     failed).
+# Any other leaf type is an error that names the type and where it was found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+_CONSTANT_TYPES = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device,
+                   torch.layout, torch.memory_format, torch.Size)
+_GRAPH_TYPES = (torch.Tensor, torch.SymInt, torch.SymFloat, torch.SymBool)
+
+
+class UnsupportedOutputError(TypeError):
+    pass
+
+
+@dataclass
+class OutputLayout:
+    """Filled at the first trace. See Note [Output leaves]."""
+
+    spec: pytree.TreeSpec | None = None
+    num_leaves: int = 0
+    graph_leaf_indices: list[int] = field(default_factory=list)
+    constants: dict[int, Any] = field(default_factory=dict)
+
+    def record(self, out: Any) -> list[Any]:
+        leaves, spec = pytree.tree_flatten(out)
+        if self.spec is None:
+            graph_idx: list[int] = []
+            constants: dict[int, Any] = {}
+            paths = [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(out)[0]]
+            for i, leaf in enumerate(leaves):
+                if isinstance(leaf, _GRAPH_TYPES):
+                    graph_idx.append(i)
+                elif isinstance(leaf, _CONSTANT_TYPES):
+                    constants[i] = leaf
+                else:
+                    raise UnsupportedOutputError(
+                        f"aotkit: the function returned an unsupported value of type "
+                        f"{type(leaf).__module__}.{type(leaf).__qualname__} at output{paths[i]}. "
+                        "Outputs must be pytrees (tuples, lists, dicts, namedtuples, ...) whose "
+                        "leaves are tensors, Python scalars, strings or None. Convert the value, "
+                        "or register its type with torch.utils._pytree.register_pytree_node."
+                    )
+            self.spec, self.num_leaves = spec, len(leaves)
+            self.graph_leaf_indices, self.constants = graph_idx, constants
+        elif spec != self.spec:
+            raise RuntimeError(
+                "aotkit: the function returned a different output structure while tracing "
+                f"({spec} vs {self.spec}); outputs must not depend on tracing."
+            )
+        return [leaves[i] for i in self.graph_leaf_indices]
+
+    def unflatten(self, graph_outputs: Sequence[Any]) -> Any:
+        assert self.spec is not None
+        if not self.constants:
+            return pytree.tree_unflatten(list(graph_outputs), self.spec)
+        leaves: list[Any] = [None] * self.num_leaves
+        for i, v in self.constants.items():
+            leaves[i] = v
+        for i, v in zip(self.graph_leaf_indices, graph_outputs, strict=True):
+            leaves[i] = v
+        return pytree.tree_unflatten(leaves, self.spec)
+
+
+def flatten_function(
+    fn: Callable[..., Any], in_spec: pytree.TreeSpec, outputs: OutputLayout
+) -> Callable[..., list[Any]]:
+    """``flat_fn(*flat_args) -> graph leaves`` for a function of a pytree of arguments."""
+
+    def flat_fn(*flat_args: Any) -> list[Any]:
+        args, kwargs = pytree.tree_unflatten(list(flat_args), in_spec)
+        return outputs.record(fn(*args, **kwargs))
+
+    return flat_fn

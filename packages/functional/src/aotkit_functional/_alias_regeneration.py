@@ -1,0 +1,102 @@
+"""Rebuilding an output that aliases an input or an intermediate, at run time.
+
+# Note [View replay]
+# An output that aliases a base (an input, or an intermediate returned by the graph) must
+# come back to the user as a real view of that base: same storage, ``_is_view()`` true,
+# mutable afterwards, and with autograd history through the base. The compiled graph
+# still computes the alias (so a backend can pick memory formats knowing about it), but
+# the runtime discards that value and regenerates the alias from the runtime base:
+#   1. view replay: when the graph's value is itself a view over the same storage, replay
+#      its recorded view chain (``_view_func``) on the base. The result has a proper view
+#      grad_fn (ViewBackward, SelectBackward, ...).
+#   2. otherwise ``as_strided`` with the graph value's size/stride and the storage offset
+#      the alias had at trace time relative to its base. Cross-dtype aliases
+#      (``view(dtype)``, ``view_as_real``) are handled by reinterpreting the base first.
+# Both paths produce the same values; (2) is only slower in backward.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._bindings import view_func
+
+
+def _reinterpret_like(base: torch.Tensor, target_dtype: torch.dtype) -> torch.Tensor:
+    if base.dtype == target_dtype:
+        return base
+    if base.is_complex() and not target_dtype.is_complex:
+        real = torch.view_as_real(base)
+        return real if real.dtype == target_dtype else real.view(target_dtype)
+    if not base.is_complex() and target_dtype.is_complex:
+        return torch.view_as_complex(base) if base.shape[-1:] == (2,) else base.view(target_dtype)
+    return base
+
+
+def regenerate_alias(
+    base: torch.Tensor,
+    graph_value: torch.Tensor,
+    *,
+    requires_grad: bool,
+    relative_storage_offset: int | None = None,
+) -> torch.Tensor:
+    """Return a view of ``base`` with the metadata of ``graph_value``.
+
+    ``relative_storage_offset`` is the alias's storage offset minus its base's, as seen at
+    trace time; it is used when ``graph_value`` does not live in ``base``'s storage
+    (a backend copied it). See Note [View replay].
+    """
+    out: torch.Tensor | None = None
+    same_storage = (
+        graph_value.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
+        and graph_value.device == base.device
+    )
+    if same_storage and graph_value._is_view():
+        view_base = graph_value._base
+        assert view_base is not None
+        replay_base = base
+        if view_base is not base and (
+            view_base.size() != base.size()
+            or view_base.stride() != base.stride()
+            or view_base.storage_offset() != base.storage_offset()
+            or view_base.dtype != base.dtype
+        ):
+            replay_base = _reinterpret_like(base, view_base.dtype)
+            if (
+                replay_base.size() != view_base.size()
+                or replay_base.stride() != view_base.stride()
+                or replay_base.storage_offset() != view_base.storage_offset()
+            ):
+                replay_base = replay_base.as_strided(
+                    view_base.size(), view_base.stride(), view_base.storage_offset()
+                )
+        try:
+            candidate = view_func(graph_value)(replay_base)
+        except RuntimeError:
+            candidate = None
+        if (
+            candidate is not None
+            and candidate.shape == graph_value.shape
+            and candidate.stride() == graph_value.stride()
+            and candidate.dtype == graph_value.dtype
+        ):
+            out = candidate
+    if out is None:
+        if same_storage:
+            offset = graph_value.storage_offset()
+        elif relative_storage_offset is not None:
+            offset = base.storage_offset() + relative_storage_offset
+        else:
+            offset = base.storage_offset()
+        source = _reinterpret_like(base, graph_value.dtype)
+        if source.dtype != base.dtype and source.element_size() != base.element_size():
+            # Offsets are in elements of the viewed dtype.
+            offset = offset * base.element_size() // source.element_size() if not same_storage else offset
+        out = source.as_strided(graph_value.size(), graph_value.stride(), offset)
+        if out.dtype != graph_value.dtype:
+            out = out.view(graph_value.dtype)
+    if base.requires_grad and not requires_grad:
+        out = out.detach()
+    elif not base.requires_grad and requires_grad and out.grad_fn is None:
+        out.requires_grad_(True)
+    return out

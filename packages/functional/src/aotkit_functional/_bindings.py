@@ -1,0 +1,43 @@
+"""Typed handles on torch's private functionalization bindings.
+
+torch ships these without type stubs; reading them once here keeps the rest of the package
+``mypy --strict`` clean without scattering ``type: ignore``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def _binding(name: str) -> Callable[..., Any]:
+    fn: Callable[..., Any] = getattr(torch, name)
+    return fn
+
+
+sync: Callable[[torch.Tensor], None] = _binding("_sync")
+has_data_mutation: Callable[[torch.Tensor], bool] = _binding("_functionalize_has_data_mutation")
+has_metadata_mutation: Callable[[torch.Tensor], bool] = _binding(
+    "_functionalize_has_metadata_mutation"
+)
+all_mutations_hidden_from_autograd: Callable[[torch.Tensor], bool] = _binding(
+    "_functionalize_are_all_mutations_hidden_from_autograd"
+)
+all_mutations_under_no_grad_or_inference_mode: Callable[[torch.Tensor], bool] = _binding(
+    "_functionalize_are_all_mutations_under_no_grad_or_inference_mode"
+)
+was_storage_changed: Callable[[torch.Tensor], bool] = _binding(
+    "_functionalize_was_storage_changed"
+)
+is_multi_output_view: Callable[[torch.Tensor], bool] = _binding(
+    "_functionalize_is_multi_output_view"
+)
+unwrap_functional: Callable[[torch.Tensor], torch.Tensor] = _binding("_from_functional_tensor")
+
+
+def view_func(t: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The recorded view chain of a view tensor, replayable on a new base."""
+    fn: Callable[[torch.Tensor], torch.Tensor] = getattr(t, "_view_func")
+    return fn

@@ -1,0 +1,123 @@
+"""Moving tensors into and out of functionalization, and asking what happened to them.
+
+All helpers take a FunctionalTensor produced by ``to_functional`` inside an active
+``FunctionalTensorMode`` (see ``functionalized``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+from . import _bindings
+
+
+@contextlib.contextmanager
+def functionalized(*, keep_input_mutations: bool = False) -> Iterator[FunctionalTensorMode]:
+    """Run the body under a fresh FunctionalTensorMode.
+
+    The C++ Functionalize key is excluded above the mode so that only the Python mode
+    functionalizes (the same arrangement make_fx tracing needs).
+    """
+    exclude = torch._C._ExcludeDispatchKeyGuard(
+        torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+    )
+    mode = FunctionalTensorMode(_keep_input_mutations=keep_input_mutations)
+    with exclude, mode:
+        yield mode
+
+
+def to_functional(value: Any) -> Any:
+    """Wrap a tensor in a FunctionalTensor; other values pass through unchanged."""
+    if isinstance(value, torch.Tensor):
+        return FunctionalTensor.to_functional(value)
+    return value
+
+
+def from_functional(value: Any) -> Any:
+    """Sync pending updates and return the plain tensor inside a FunctionalTensor."""
+    if isinstance(value, FunctionalTensor):
+        _bindings.sync(value)
+        return _bindings.unwrap_functional(value.elem)
+    return value
+
+
+def is_functional(value: Any) -> bool:
+    return isinstance(value, FunctionalTensor)
+
+
+def storage_ref(t: torch.Tensor) -> int:
+    """A hashable handle on a tensor's storage (functional tensors share it with aliases).
+
+    Valid while the tensor is alive; two tensors alias iff their handles are equal.
+    """
+    handle: int = t.untyped_storage()._cdata
+    return handle
+
+
+def has_data_mutation(f_arg: Any) -> bool:
+    if not isinstance(f_arg, FunctionalTensor):
+        return False
+    _bindings.sync(f_arg)
+    return bool(_bindings.has_data_mutation(f_arg.elem))
+
+
+def mutations_hidden_from_autograd(f_arg: Any) -> bool:
+    """True when every mutation of the input happened under ``.data`` or similar."""
+    if not isinstance(f_arg, FunctionalTensor):
+        return False
+    return bool(_bindings.all_mutations_hidden_from_autograd(f_arg.elem))
+
+
+def mutations_under_no_grad_or_inference_mode(f_arg: Any) -> bool:
+    if not isinstance(f_arg, FunctionalTensor):
+        return False
+    return bool(
+        _bindings.all_mutations_under_no_grad_or_inference_mode(f_arg.elem)
+    )
+
+
+def has_storage_mutation(f_arg: Any, arg: Any) -> bool:
+    """True when ``set_`` left the input pointing at another storage."""
+    if not isinstance(f_arg, FunctionalTensor) or not isinstance(arg, torch.Tensor):
+        return False
+    _bindings.sync(f_arg)
+    if not _bindings.was_storage_changed(f_arg.elem):
+        return False
+    after = _bindings.unwrap_functional(f_arg.elem)
+    return bool(storage_ref(arg) != storage_ref(after))
+
+
+def has_metadata_mutation(f_arg: Any, arg: Any) -> bool:
+    """True when size, stride or storage offset of the input changed (or its storage).
+
+    Metadata mutations that cancel out (``x.t_(); x.t_()``) do not count.
+    """
+    if not isinstance(f_arg, FunctionalTensor) or not isinstance(arg, torch.Tensor):
+        return False
+    if has_storage_mutation(f_arg, arg):
+        return True
+    if not _bindings.has_metadata_mutation(f_arg.elem):
+        return False
+    after = _bindings.unwrap_functional(f_arg.elem)
+    return not (
+        arg.shape == after.shape
+        and arg.stride() == after.stride()
+        and arg.storage_offset() == after.storage_offset()
+    )
+
+
+def is_multi_output_view(t: Any) -> bool:
+    return isinstance(t, FunctionalTensor) and bool(
+        _bindings.is_multi_output_view(t.elem)
+    )
+
+
+def storage_was_changed(t: Any) -> bool:
+    return isinstance(t, FunctionalTensor) and bool(
+        _bindings.was_storage_changed(t.elem)
+    )

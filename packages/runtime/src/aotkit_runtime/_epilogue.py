@@ -1,0 +1,110 @@
+"""The runtime wrapper around a compiled function: input mutations and output aliases.
+
+# Note [Runtime epilogue order]
+# After the compiled graph (or autograd.Function) returns, the wrapper
+#   1. applies every out-of-graph input mutation to the caller's tensors
+#      (metadata first with as_strided_, then data with copy_, or set_ for storage
+#      mutations), in input order;
+#   2. regenerates aliased outputs from their bases (see Note [View replay]); aliases of
+#      inputs are built after step 1, so they see the mutated values and metadata;
+#   3. returns the user outputs.
+# Nothing touches the caller's tensors before the graph has run to completion, so a
+# failing call never leaves inputs half-mutated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from aotkit_functional import regenerate_alias
+from aotkit_schemas import OutputType, ViewAndMutationMeta
+
+
+def _apply_input_mutation(
+    original: torch.Tensor, updated: torch.Tensor, *, data: bool, metadata: bool, storage: bool,
+    hidden: bool
+) -> None:
+    if storage:
+        with torch.no_grad():
+            original.set_(
+                updated.untyped_storage(), updated.storage_offset(), updated.size(), updated.stride()
+            )
+        return
+    if metadata:
+        original.as_strided_(updated.size(), updated.stride(), updated.storage_offset() if not data else original.storage_offset())
+    if data:
+        if hidden or not original.requires_grad and not updated.requires_grad:
+            with torch.no_grad():
+                original.copy_(updated)
+        else:
+            original.copy_(updated)
+
+
+def make_epilogue(
+    meta: ViewAndMutationMeta,
+    relative_offsets: Sequence[int | None],
+    constant_outputs: dict[int, Any] | None = None,
+) -> Callable[[list[Any], Sequence[Any]], list[Any]]:
+    """Build ``epilogue(compiled_args, forward_returns) -> user outputs``.
+
+    ``relative_offsets[j]`` is output j's storage offset minus its base's at trace time
+    (None when not an alias). See Note [Runtime epilogue order].
+    """
+    mutations = [
+        (
+            pos,
+            idx,
+            meta.input_info[idx].mutates_data,
+            meta.input_info[idx].mutates_metadata,
+            meta.input_info[idx].mutates_storage_metadata,
+            meta.input_info[idx].mutations_hidden_from_autograd
+            or meta.input_info[idx].mutations_under_no_grad_or_inference_mode,
+        )
+        for pos, idx in enumerate(meta.mutated_inp_runtime_indices)
+    ]
+    n_mut = len(mutations)
+    n_out = meta.num_outputs
+    plan = [
+        (j, info.output_type, info.base_idx, info.requires_grad, relative_offsets[j])
+        for j, info in enumerate(meta.output_info)
+        if info.is_regenerated_alias
+    ]
+    grad_mode_after = meta.grad_enabled_mutation
+
+    if not mutations and not plan and grad_mode_after is None:
+
+        def plain(args: list[Any], returns: Sequence[Any]) -> list[Any]:
+            return list(returns[:n_out])
+
+        return plain
+
+    def epilogue(args: list[Any], returns: Sequence[Any]) -> list[Any]:
+        for pos, idx, data, metadata, storage, hidden in mutations:
+            _apply_input_mutation(
+                args[idx], returns[pos], data=data, metadata=metadata, storage=storage,
+                hidden=hidden,
+            )
+        outs = list(returns[n_mut : n_mut + n_out])
+        bases = returns[n_mut + n_out :]
+        for j, kind, base_idx, requires_grad, rel in plan:
+            assert base_idx is not None
+            if kind is OutputType.is_input:
+                outs[j] = args[base_idx]
+                continue
+            if kind is OutputType.alias_of_input:
+                base = args[base_idx]
+            elif kind is OutputType.alias_of_intermediate_base_is_user_output:
+                base = outs[base_idx]
+            else:
+                base = bases[base_idx]
+            outs[j] = regenerate_alias(
+                base, outs[j], requires_grad=requires_grad and torch.is_grad_enabled(),
+                relative_storage_offset=rel,
+            )
+        if grad_mode_after is not None:
+            torch.set_grad_enabled(grad_mode_after)
+        return outs
+
+    return epilogue
