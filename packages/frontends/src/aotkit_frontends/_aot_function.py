@@ -177,7 +177,8 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     num_params_buffers = len(list(mod.named_parameters(remove_duplicate=False))) + len(
         list(mod.named_buffers(remove_duplicate=False))
     )
-    compiled = aot_function(functional_call, *args, num_params_buffers=num_params_buffers, **kwargs)
+    kwargs["num_params_buffers"] = num_params_buffers
+    compiled = aot_function(functional_call, *args, **kwargs)
     return AOTModule(mod, compiled)
 
 

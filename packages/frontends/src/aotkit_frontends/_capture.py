@@ -52,10 +52,10 @@ def _forward_returns(
                 run_args[i] = _fresh_input(f_args[i], info.mutates_data, info.mutates_metadata)
     outs = list(flat_fn(*run_args))
     bases: list[Any] = [None] * meta.num_intermediate_bases
-    for o, info in zip(outs, meta.output_info, strict=True):
-        if info.output_type is OutputType.alias_of_intermediate_save_as_output:
-            assert info.base_idx is not None and isinstance(o, torch.Tensor)
-            bases[info.base_idx] = o._base
+    for o, out_info in zip(outs, meta.output_info, strict=True):
+        if out_info.output_type is OutputType.alias_of_intermediate_save_as_output:
+            assert out_info.base_idx is not None and isinstance(o, torch.Tensor)
+            bases[out_info.base_idx] = o._base
     if any(b is None for b in bases):
         raise RuntimeError(
             "aotkit: the function's outputs alias its intermediates differently on the "
