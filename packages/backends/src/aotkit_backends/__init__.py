@@ -1,1 +1,32 @@
-"""placeholder"""
+"""aotkit_backends: graph compilers for aotkit (nop, printing, boxing helpers, TorchInductor).
+
+Every compiler here follows the ``aotkit_schemas.Compiler`` protocol and returns a boxed
+callable: see Note [Boxed calling convention] in ``_boxing.py``. Third-party compilers can
+check themselves against ``aotkit_backends.testing.CompilerConformance``.
+"""
+
+from ._boxing import BoxedCallable as BoxedCallable
+from ._boxing import is_boxed as is_boxed
+from ._boxing import make_boxed_compiler as make_boxed_compiler
+from ._boxing import make_boxed_func as make_boxed_func
+from ._inductor import InductorUnavailableError as InductorUnavailableError
+from ._inductor import inductor_available as inductor_available
+from ._inductor import inductor_compiler as inductor_compiler
+from ._inductor import inductor_unavailable_reason as inductor_unavailable_reason
+from ._nop import nop as nop
+from ._print import make_print_compiler as make_print_compiler
+from ._print import print_compiler as print_compiler
+
+__all__ = [
+    "BoxedCallable",
+    "InductorUnavailableError",
+    "inductor_available",
+    "inductor_compiler",
+    "inductor_unavailable_reason",
+    "is_boxed",
+    "make_boxed_compiler",
+    "make_boxed_func",
+    "make_print_compiler",
+    "nop",
+    "print_compiler",
+]

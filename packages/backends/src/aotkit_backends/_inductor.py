@@ -1,0 +1,162 @@
+"""Compile graphs with TorchInductor (C++ on CPU, Triton on GPU) through ``compile_fx_inner``.
+
+TorchInductor's ``compile_fx_inner`` is the compiler torch's own ``torch.compile`` hands
+the forward and backward graphs to, after AOTAutograd traced them with Inductor's
+decomposition table. A graph that reaches ``inductor_compiler`` may come from anywhere, so
+it is first re-traced with that table (see Note [Why inductor_compiler re-traces]).
+
+# Note [Why inductor_compiler re-traces]
+# Inductor lowers a fixed set of ATen ops and expects every op in its decomposition table
+# to be decomposed already: given ``aten.t`` it fails with "both a fallback and a decomp for
+# same op". It also only accepts graphs that return a flat tuple or list. So
+# ``inductor_compiler`` re-traces the graph with ``make_fx`` and Inductor's table, on fake
+# copies of the example inputs, into a graph that returns the flattened outputs; the
+# compiled callable rebuilds the original output structure. The caller's GraphModule is
+# left untouched. Re-tracing a graph that was already decomposed with the same table gives
+# the same graph back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ._boxing import BoxedCallable
+
+
+class InductorUnavailableError(RuntimeError):
+    """TorchInductor cannot compile here (it does not import, or no C++ compiler is found)."""
+
+
+@functools.cache
+def _inductor_import_problem() -> str | None:
+    try:
+        import torch._inductor.compile_fx  # noqa: F401
+        import torch._inductor.decomposition  # noqa: F401
+    except Exception as e:  # any failure to import means "unavailable", whatever its type
+        return f"torch._inductor cannot be imported: {type(e).__name__}: {e}"
+    return None
+
+
+@functools.cache
+def _cpu_toolchain_problem() -> str | None:
+    try:
+        from torch._inductor.cpp_builder import get_cpp_compiler
+
+        get_cpp_compiler()
+    except Exception as e:
+        return f"Inductor's CPU backend needs a C++ compiler and found none: {e}"
+    return None
+
+
+def inductor_unavailable_reason(device: str = "cpu") -> str | None:
+    """Why ``inductor_compiler`` cannot compile graphs for ``device`` here, or None if it can.
+
+    Importing TorchInductor takes a few seconds the first time; the answer is cached.
+    """
+    problem = _inductor_import_problem()
+    if problem is None and torch.device(device).type == "cpu":
+        problem = _cpu_toolchain_problem()
+    return problem
+
+
+def inductor_available(device: str = "cpu") -> bool:
+    """Whether ``inductor_compiler`` can compile graphs for ``device`` here."""
+    return inductor_unavailable_reason(device) is None
+
+
+def inductor_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> BoxedCallable:
+    """Compile ``gm`` with TorchInductor; return a boxed callable.
+
+    ``example_inputs`` may be real or fake tensors (and SymInts); only their metadata is
+    used. The result follows Note [Boxed calling convention] and, like Inductor's own
+    compiled graphs, clears the argument list it is given. It returns outputs in the same
+    structure as ``gm`` (a list for AOTAutograd-style graphs).
+
+    Raises InductorUnavailableError when TorchInductor cannot compile for the inputs'
+    devices here.
+    """
+    devices = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)} or {"cpu"}
+    for device in sorted(devices):
+        problem = inductor_unavailable_reason(device)
+        if problem is not None:
+            raise InductorUnavailableError(problem)
+
+    # Imported here, not at the top: importing Inductor costs seconds, and a missing or
+    # broken Inductor must not break ``import aotkit_backends`` (checked above).
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+
+    fake_mode, fake_inputs = _fakify(example_inputs)
+    with _allow_non_fake_inputs(fake_mode):
+        flat_gm, out_spec = _retrace_flat(gm, fake_inputs, select_decomp_table())
+        compiled = compile_fx_inner(flat_gm, fake_inputs)
+    return _boxed_with_structure(compiled, out_spec)
+
+
+def _fakify(example_inputs: Sequence[Any]) -> tuple[FakeTensorMode, list[Any]]:
+    """Fake copies of the inputs, in the fake mode they already use if they are fake."""
+    fake_mode = detect_fake_mode(example_inputs)
+    if fake_mode is None:
+        fake_mode = FakeTensorMode()
+    fakes = [
+        fake_mode.from_tensor(x) if isinstance(x, torch.Tensor) and not is_fake(x) else x
+        for x in example_inputs
+    ]
+    return fake_mode, fakes
+
+
+@contextlib.contextmanager
+def _allow_non_fake_inputs(fake_mode: FakeTensorMode) -> Iterator[None]:
+    # Constants stored on the graph (get_attr) are real tensors; Inductor's compile_fx
+    # lets them meet fake inputs the same way.
+    saved = fake_mode.allow_non_fake_inputs
+    fake_mode.allow_non_fake_inputs = True
+    try:
+        yield
+    finally:
+        fake_mode.allow_non_fake_inputs = saved
+
+
+def _retrace_flat(
+    gm: torch.fx.GraphModule, fake_inputs: list[Any], decompositions: dict[Any, Any]
+) -> tuple[torch.fx.GraphModule, pytree.TreeSpec]:
+    """See Note [Why inductor_compiler re-traces]."""
+    specs: list[pytree.TreeSpec] = []
+
+    def flat_forward(*args: Any) -> list[Any]:
+        flat, spec = pytree.tree_flatten(gm(*args))
+        specs.append(spec)
+        return flat
+
+    fake_mode = detect_fake_mode(fake_inputs)
+    with fake_mode if fake_mode is not None else contextlib.nullcontext(), torch.no_grad():
+        flat_gm = make_fx(flat_forward, decomposition_table=decompositions)(*fake_inputs)
+    return flat_gm, specs[-1]
+
+
+def _boxed_with_structure(
+    compiled: Callable[[list[Any]], Any], out_spec: pytree.TreeSpec
+) -> BoxedCallable:
+    """Box ``compiled`` (itself boxed and flat-output) so it returns ``out_spec``'s structure."""
+    if out_spec.type is list and all(child.is_leaf() for child in out_spec.children()):
+
+        def run(args: list[Any]) -> Any:
+            return list(compiled(args))
+
+    else:
+
+        def run(args: list[Any]) -> Any:
+            return pytree.tree_unflatten(list(compiled(args)), out_spec)
+
+    run._boxed_call = True  # type: ignore[attr-defined]
+    return run

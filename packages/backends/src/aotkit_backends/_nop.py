@@ -1,0 +1,19 @@
+"""The no-op compiler: run the graph as it is."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch.fx
+
+from ._boxing import BoxedCallable, make_boxed_func
+
+
+def nop(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> BoxedCallable:
+    """Return ``gm`` itself, boxed: the reference compiler for checking accuracy.
+
+    Same as torch's ``functorch.compile.nop``: the result is ``make_boxed_func(gm)``, so
+    ``nop(gm, inputs)(list(args)) == gm(*args)``. ``example_inputs`` is ignored.
+    """
+    return make_boxed_func(gm)

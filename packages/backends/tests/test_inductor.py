@@ -1,0 +1,67 @@
+"""inductor_compiler: TorchInductor on CPU through compile_fx_inner."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from aotkit_backends import (
+    InductorUnavailableError,
+    inductor_available,
+    inductor_compiler,
+    inductor_unavailable_reason,
+    is_boxed,
+)
+from aotkit_backends import _inductor as inductor_module
+from torch.fx.experimental.proxy_tensor import make_fx
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not inductor_available(), reason=str(inductor_unavailable_reason())),
+]
+
+
+def test_compiles_a_graph_that_needs_decompositions() -> None:
+    # aten.t is decomposed by Inductor's table; see Note [Why inductor_compiler re-traces]
+    x, y = torch.randn(3, 3), torch.randn(3, 3)
+    gm = make_fx(lambda a, b: [a.t() @ b, (a + b).relu().sum(0)])(x, y)
+    code_before = gm.code
+    compiled = inductor_compiler(gm, [x, y])
+    assert gm.code == code_before, "the caller's graph must not change"
+    assert is_boxed(compiled)
+    args = [x, y]
+    out = compiled(args)
+    assert args == [], "Inductor's compiled graphs free their inputs early"
+    assert isinstance(out, list)
+    torch.testing.assert_close(out[0], x.t() @ y)
+    torch.testing.assert_close(out[1], (x + y).relu().sum(0))
+
+
+def test_keeps_a_single_output_unwrapped() -> None:
+    x = torch.randn(4)
+    gm = make_fx(lambda a: a.cos() * 2)(x)
+    out = inductor_compiler(gm, [x])([x])
+    assert isinstance(out, torch.Tensor)
+    torch.testing.assert_close(out, x.cos() * 2)
+
+
+def test_keeps_nested_output_structure() -> None:
+    x = torch.randn(4)
+    gm = make_fx(lambda a: (a + 1, [a * 2, None]))(x)
+    out = inductor_compiler(gm, [x])([x])
+    assert isinstance(out, tuple) and isinstance(out[1], list) and out[1][1] is None
+    torch.testing.assert_close(out[1][0], x * 2)
+
+
+def test_inputs_that_require_grad() -> None:
+    x = torch.randn(4, requires_grad=True)
+    gm = make_fx(lambda a: [a.exp()])(x.detach())
+    out = inductor_compiler(gm, [x])([x.detach()])
+    torch.testing.assert_close(out[0], x.detach().exp())
+
+
+def test_reports_a_missing_toolchain(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(inductor_module, "_cpu_toolchain_problem", lambda: "no C++ compiler")
+    gm = make_fx(lambda a: [a + 1])(torch.ones(1))
+    assert not inductor_available("cpu")
+    with pytest.raises(InductorUnavailableError, match="no C"):
+        inductor_compiler(gm, [torch.ones(1)])
