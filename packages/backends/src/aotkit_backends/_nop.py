@@ -15,5 +15,11 @@ def nop(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> BoxedCallabl
 
     Same as torch's ``functorch.compile.nop``: the result is ``make_boxed_func(gm)``, so
     ``nop(gm, inputs)(list(args)) == gm(*args)``. ``example_inputs`` is ignored.
+    When the module has no hooks, the generated ``forward`` is called directly, which
+    skips ``nn.Module.__call__`` on every call.
     """
-    return make_boxed_func(gm)
+    if gm._forward_hooks or gm._forward_pre_hooks:
+        return make_boxed_func(gm)
+    boxed = make_boxed_func(gm.forward)
+    boxed.__wrapped__ = gm  # type: ignore[attr-defined]
+    return boxed

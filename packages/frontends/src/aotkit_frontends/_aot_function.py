@@ -21,6 +21,8 @@ from ._guards import input_key
 from ._outputs import OutputLayout, flatten_function
 
 _AOT_COUNTER = itertools.count()
+# argument types that torch's pytree treats as leaves (None is not: it is an empty node)
+_FLAT_LEAF_TYPES = (torch.Tensor, int, float, bool, str)
 
 
 def _resolve_partitioner(partition_fn: Any) -> Callable[..., Any]:
@@ -77,9 +79,17 @@ class CompiledCache:
         self.entries: dict[tuple[Any, ...], tuple[Runner, OutputLayout, CompiledArtifacts]] = {}
         self.last_key: tuple[Any, ...] | None = None
         self.last_entry: tuple[Runner, OutputLayout, CompiledArtifacts] | None = None
+        self._flat_specs: dict[int, pytree.TreeSpec] = {}
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        flat_args, in_spec = pytree.tree_flatten((args, kwargs))
+        if not kwargs and all(isinstance(a, _FLAT_LEAF_TYPES) for a in args):
+            # Fast path: positional tensors/scalars flatten to themselves.
+            flat_args = list(args)
+            in_spec = self._flat_specs.get(len(args))
+            if in_spec is None:
+                in_spec = self._flat_specs[len(args)] = pytree.tree_flatten((args, {}))[1]
+        else:
+            flat_args, in_spec = pytree.tree_flatten((args, kwargs))
         key = (in_spec, input_key(flat_args, dynamic=self.cfg.dynamic_shapes))
         if key == self.last_key and self.last_entry is not None:
             entry = self.last_entry

@@ -35,6 +35,9 @@ class OutputLayout:
     num_leaves: int = 0
     graph_leaf_indices: list[int] = field(default_factory=list)
     constants: dict[int, Any] = field(default_factory=dict)
+    # fast paths for unflatten: a bare tensor, or a plain tuple of graph leaves
+    single_leaf: bool = False
+    flat_tuple: bool = False
 
     def record(self, out: Any) -> list[Any]:
         leaves, spec = pytree.tree_flatten(out)
@@ -57,6 +60,13 @@ class OutputLayout:
                     )
             self.spec, self.num_leaves = spec, len(leaves)
             self.graph_leaf_indices, self.constants = graph_idx, constants
+            simple = not constants
+            self.single_leaf = simple and spec.is_leaf()
+            self.flat_tuple = (
+                simple
+                and spec.type is tuple
+                and all(c.is_leaf() for c in spec.children_specs)
+            )
         elif spec != self.spec:
             raise RuntimeError(
                 "aotkit: the function returned a different output structure while tracing "
@@ -65,6 +75,10 @@ class OutputLayout:
         return [leaves[i] for i in self.graph_leaf_indices]
 
     def unflatten(self, graph_outputs: Sequence[Any]) -> Any:
+        if self.single_leaf:
+            return graph_outputs[0]
+        if self.flat_tuple:
+            return tuple(graph_outputs)
         assert self.spec is not None
         if not self.constants:
             return pytree.tree_unflatten(list(graph_outputs), self.spec)

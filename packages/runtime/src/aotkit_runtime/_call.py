@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import torch.fx
+
 
 def is_boxed(fn: Callable[..., Any]) -> bool:
     return bool(getattr(fn, "_boxed_call", False))
@@ -23,6 +25,9 @@ def as_list_caller(fn: Callable[..., Any]) -> Callable[[list[Any]], Sequence[Any
     """
     if is_boxed(fn):
         return fn
+    if isinstance(fn, torch.fx.GraphModule) and not fn._forward_hooks and not fn._forward_pre_hooks:
+        # Skip nn.Module.__call__; the generated forward is what runs either way.
+        fn = fn.forward
 
     def unboxed(args: list[Any]) -> Sequence[Any]:
         out = fn(*args)
