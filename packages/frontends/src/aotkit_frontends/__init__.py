@@ -1,4 +1,4 @@
-"""aotkit_frontends: aot_function, aot_module and the capture of joint graphs."""
+"""aotkit_frontends: aot_function, aot_module, the export APIs and the torch.compile backend."""
 
 from ._aot_function import AOTModule as AOTModule
 from ._aot_function import CompiledCache as CompiledCache
@@ -6,18 +6,44 @@ from ._aot_function import aot_function as aot_function
 from ._aot_function import aot_module as aot_module
 from ._aot_function import compiled_function as compiled_function
 from ._aot_function import compiled_module as compiled_module
+from ._attribute_guard import TensorAttributeAssignedError as TensorAttributeAssignedError
 from ._compile import CompiledArtifacts as CompiledArtifacts
+from ._dynamo_backend import AotAutograd as AotAutograd
+from ._dynamo_backend import aot_autograd as aot_autograd
+from ._dynamo_backend import default_decompositions as default_decompositions
+from ._dynamo_backend import device_from_inputs as device_from_inputs
+from ._dynamo_backend import dtype_from_inputs as dtype_from_inputs
+from ._dynamo_backend import fake_tensor_unsupported as fake_tensor_unsupported
+from ._dynamo_backend import mem_efficient_fusion_kwargs as mem_efficient_fusion_kwargs
+from ._dynamo_backend import register_dynamo_backends as register_dynamo_backends
 from ._errors import AOTCompileError as AOTCompileError
+from ._export import aot_export_joint_simple as aot_export_joint_simple
+from ._export import aot_export_module as aot_export_module
+from ._export_trace import AOTExportError as AOTExportError
 from ._outputs import UnsupportedOutputError as UnsupportedOutputError
+from ._simplified import aot_module_simplified as aot_module_simplified
 
 __all__ = [
     "AOTCompileError",
+    "AOTExportError",
     "AOTModule",
+    "AotAutograd",
     "CompiledArtifacts",
     "CompiledCache",
+    "TensorAttributeAssignedError",
     "UnsupportedOutputError",
+    "aot_autograd",
+    "aot_export_joint_simple",
+    "aot_export_module",
     "aot_function",
     "aot_module",
+    "aot_module_simplified",
     "compiled_function",
     "compiled_module",
+    "default_decompositions",
+    "device_from_inputs",
+    "dtype_from_inputs",
+    "fake_tensor_unsupported",
+    "mem_efficient_fusion_kwargs",
+    "register_dynamo_backends",
 ]

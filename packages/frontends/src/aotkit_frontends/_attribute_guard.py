@@ -1,0 +1,114 @@
+"""Detecting tensors assigned to module attributes while a module is exported.
+
+A forward that does ``self.cache = x * 2`` stores a *tracing* tensor (fake, functional or a
+proxy) on the module: the exported graph does not contain that state change, and the
+module is left holding a tensor that cannot be used afterwards. Export therefore snapshots
+every plain attribute of every submodule, restores the snapshot afterwards, and reports
+each tensor that was assigned (state that must change belongs in a registered buffer,
+whose mutations export does capture).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+# nn.Module's own bookkeeping: hooks, parameter/buffer/submodule tables, training flag.
+_MODULE_INTERNALS = frozenset({
+    "_backward_hooks", "_backward_pre_hooks", "_buffers", "_forward_hooks",
+    "_forward_hooks_always_called", "_forward_hooks_with_kwargs", "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs", "_is_full_backward_hook",
+    "_load_state_dict_post_hooks", "_load_state_dict_pre_hooks", "_modules",
+    "_non_persistent_buffers_set", "_parameters", "_state_dict_hooks",
+    "_state_dict_pre_hooks", "training", "_initialize_hook", "_load_hook",
+})
+
+ASSIGNED_TENSOR_MESSAGE = (
+    "aotkit export: the tensor {noun} {names} {verb} assigned during export. The exported "
+    "graph cannot represent assigning a tensor to a module attribute, so the assignment "
+    "was undone. Register such state as a buffer with `self.register_buffer(name, tensor)` "
+    "and update it in place (`self.name.copy_(...)`): buffer mutations are exported as "
+    "extra graph outputs."
+)
+
+
+class TensorAttributeAssignedError(RuntimeError, ValueError):
+    """A forward assigned a tensor to a plain module attribute during export.
+
+    A RuntimeError like every aotkit export restriction, and a ValueError like torch's."""
+
+
+def _copy_containers(value: Any) -> Any:
+    """Copy dicts, lists and tuples (recursively) so later in-place edits show up."""
+    if type(value) is dict:
+        return {k: _copy_containers(v) for k, v in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_copy_containers(v) for v in value)
+    return value
+
+
+def _attributes(mod: nn.Module) -> dict[str, dict[str, Any]]:
+    return {
+        name: {k: v for k, v in sub.__dict__.items() if k not in _MODULE_INTERNALS}
+        for name, sub in mod.named_modules()
+    }
+
+
+def _assigned_tensors(path: str, old: Any, new: Any, found: list[str]) -> None:
+    if old is new:
+        return
+    if isinstance(new, torch.Tensor):
+        found.append(path)
+    elif type(old) is dict and type(new) is dict:
+        for key in old.keys() | new.keys():
+            _assigned_tensors(f"{path}[{key!r}]", old.get(key), new.get(key), found)
+    elif type(old) in (list, tuple) and type(new) in (list, tuple):
+        for i in range(max(len(old), len(new))):
+            _assigned_tensors(
+                f"{path}[{i}]",
+                old[i] if i < len(old) else None,
+                new[i] if i < len(new) else None,
+                found,
+            )
+
+
+@contextlib.contextmanager
+def detect_attribute_assignment(mod: nn.Module) -> Iterator[None]:
+    """Restore ``mod``'s plain attributes on exit; raise if a tensor was assigned to one.
+
+    Raises TensorAttributeAssignedError naming every assigned attribute, e.g.
+    ``self.block.cache`` or ``self.history[0]``. Attributes of other types are restored
+    silently.
+    """
+    before = _copy_containers(_attributes(mod))
+    failed = False
+    try:
+        yield
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        after = _attributes(mod)
+        found: list[str] = []
+        for name, sub in mod.named_modules():
+            old_attrs, new_attrs = before.get(name, {}), after.get(name, {})
+            prefix = f"self.{name}." if name else "self."
+            for attr in sorted(old_attrs.keys() | new_attrs.keys()):
+                _assigned_tensors(prefix + attr, old_attrs.get(attr), new_attrs.get(attr), found)
+                if attr in old_attrs:
+                    sub.__dict__[attr] = old_attrs[attr]
+                else:
+                    del sub.__dict__[attr]
+        if found and not failed:
+            many = len(found) > 1
+            raise TensorAttributeAssignedError(
+                ASSIGNED_TENSOR_MESSAGE.format(
+                    noun="attributes" if many else "attribute",
+                    names=", ".join(found),
+                    verb="were" if many else "was",
+                )
+            )

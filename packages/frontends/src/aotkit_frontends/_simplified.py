@@ -1,0 +1,155 @@
+"""aot_module_simplified: the low-overhead entry point that torch.compile backends use.
+
+Compared with ``aot_module`` it compiles once, eagerly, for the example inputs it is given
+(fake tensors from dynamo, or real ones), does no pytree processing of the inputs, and
+reads the parameters and buffers once instead of on every call.
+
+# Note [aot_module_simplified calling convention]
+# The module is called as ``mod(*args)`` with flat args (tensors, SymInts, Python scalars)
+# and must return a tuple or list. The compiled graph takes
+# ``(*parameters, *buffers, *args)``, parameters and buffers taken once at compile time
+# with ``named_parameters/named_buffers(remove_duplicate=False)``.
+# The returned ``forward`` is boxed (See Note [Boxed calling convention] in
+# aotkit_backends): ``forward(args)`` takes one list of the runtime args, clears it, and
+# returns the outputs in the container type the module used (a tuple stays a tuple).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, KeysView, Sequence
+from typing import Any, cast
+
+import torch
+import torch.fx
+import torch.nn as nn
+from aotkit_partitioners import default_partition
+from torch._guards import Source, TracingContext
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.nn.utils import stateless
+
+from ._aot_function import make_config
+from ._compile import compile_flat
+from ._outputs import OutputLayout
+
+NOT_A_SEQUENCE_MESSAGE = (
+    "aot_module_simplified: the module returned a {kind}, but it must return a tuple or a "
+    "list (the graph's outputs are not pytree-processed). Return `(out,)` from the module, "
+    "or use aot_module, which accepts any output structure."
+)
+
+
+def dynamo_metadata(
+    mod: nn.Module, param_names: KeysView[str], num_full_args: int
+) -> tuple[list[Source | None] | None, list[int]]:
+    """The sources and static input indices that dynamo attached to ``mod``.
+
+    Returns ``(arg_pos_to_source, static_input_indices)`` over the full args
+    ``(*params, *buffers, *user args)``. A graph that dynamo did not capture (no
+    ``dynamo_compile_id`` in ``mod.meta``) carries none: ``(None, [])``. A dynamo graph
+    without ``_param_name_to_source`` comes from export: its parameters and buffers are the
+    static inputs.
+    """
+    if not (isinstance(mod, torch.fx.GraphModule) and "dynamo_compile_id" in mod.meta):
+        return None, []
+    if not hasattr(mod, "_param_name_to_source"):
+        return None, list(range(len(param_names)))
+    name_to_source = cast(dict[str, Source], mod._param_name_to_source)
+    seen: set[Source | None] = set()
+    sources: list[Source | None] = []
+
+    def claim(source: Source | None, what: str) -> None:
+        if source is not None and source in seen:
+            raise AssertionError(f"aot_module_simplified: {what} reuses dynamo source {source}")
+        seen.add(source)
+        sources.append(source)
+
+    for name in param_names:
+        if name not in name_to_source:
+            raise AssertionError(f"aot_module_simplified: no dynamo source for parameter {name}")
+        claim(name_to_source[name], f"parameter {name}")
+    static = list(range(len(param_names)))
+    for pos, node in enumerate(mod.graph.find_nodes(op="placeholder")):
+        if not hasattr(node, "_dynamo_source"):
+            raise AssertionError(f"aot_module_simplified: placeholder {node.name} has no _dynamo_source")
+        claim(node._dynamo_source, f"placeholder {node.name}")
+        tensor_dict = node.meta.get("tensor_dict", {})
+        if tensor_dict.get("_dynamo_static_input_type", None):
+            static.append(pos + len(param_names))
+    if len(sources) != num_full_args:
+        raise AssertionError(
+            f"aot_module_simplified: {len(sources)} dynamo sources for {num_full_args} inputs"
+        )
+    return sources, static
+
+
+def _has_symbolic_fake_inputs(args: Sequence[Any]) -> bool:
+    """Whether the first fake tensor among ``args`` lives in a mode with a ShapeEnv."""
+    for x in args:
+        if isinstance(x, FakeTensor):
+            return x.fake_mode.shape_env is not None
+    return False
+
+
+def aot_module_simplified(
+    mod: nn.Module,
+    args: Sequence[Any],
+    fw_compiler: Callable[..., Any],
+    bw_compiler: Callable[..., Any] | None = None,
+    partition_fn: Callable[..., Any] = default_partition,
+    decompositions: dict[Any, Callable[..., Any]] | None = None,
+    keep_inference_input_mutations: bool = False,
+    inference_compiler: Callable[..., Any] | None = None,
+    cudagraphs: Any = None,
+) -> Callable[[list[Any]], Any]:
+    """Compile ``mod`` now, for inputs like ``args``; return a boxed ``forward``.
+
+    Same arguments as ``torch._functorch.aot_autograd.aot_module_simplified``. See
+    Note [aot_module_simplified calling convention]. ``args`` may be fake tensors: when
+    their FakeTensorMode has a ShapeEnv, that mode (and its symbolic sizes) is reused.
+    Dynamo's metadata (parameter sources, static inputs) is honoured when present.
+    ``cudagraphs`` is accepted for compatibility and ignored (aotkit has no CUDA-graph
+    support).
+
+    ``forward`` also exposes the module's ``zero_grad``, ``named_parameters`` and
+    ``named_buffers``.
+    """
+    del cudagraphs
+    named = {
+        **dict(mod.named_parameters(remove_duplicate=False)),
+        **dict(mod.named_buffers(remove_duplicate=False)),
+    }
+    names = list(named)
+    params_flat = list(named.values())
+    full_args = [*params_flat, *args]
+    if (tracing := TracingContext.try_get()) is not None:
+        tracing.params_flat = params_flat
+    sources, static_indices = dynamo_metadata(mod, named.keys(), len(full_args))
+    cfg = make_config(
+        fw_compiler, bw_compiler, partition_fn, decompositions, len(params_flat),
+        keep_inference_input_mutations, inference_compiler,
+        dynamic=_has_symbolic_fake_inputs(full_args),
+        aot_autograd_arg_pos_to_source=sources,
+        static_input_indices=static_indices,
+    )
+    outputs = OutputLayout()
+    num_params = len(params_flat)
+
+    def functional_call(*flat: Any) -> list[Any]:
+        with stateless._reparametrize_module(mod, dict(zip(names, flat[:num_params], strict=True))):
+            out = mod(*flat[num_params:])
+        if not isinstance(out, (tuple, list)):
+            raise RuntimeError(NOT_A_SEQUENCE_MESSAGE.format(kind=type(out).__name__))
+        return outputs.record(out)
+
+    runner, _ = compile_flat(functional_call, full_args, cfg)
+
+    def forward(runtime_args: list[Any]) -> Any:
+        flat = [*params_flat, *runtime_args]
+        runtime_args.clear()
+        return outputs.unflatten(runner(flat))
+
+    forward._boxed_call = True  # type: ignore[attr-defined]
+    forward.zero_grad = mod.zero_grad  # type: ignore[attr-defined]
+    forward.named_parameters = mod.named_parameters  # type: ignore[attr-defined]
+    forward.named_buffers = mod.named_buffers  # type: ignore[attr-defined]
+    return forward
