@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -17,9 +18,10 @@ from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig
 
 from ._compile import CompiledArtifacts, Runner, compile_flat
-from ._guards import input_key
+from ._guards import ShapeGuard, input_key
 from ._outputs import OutputLayout, flatten_function
 
+log = logging.getLogger(__name__)
 _AOT_COUNTER = itertools.count()
 # argument types that torch's pytree treats as leaves (None is not: it is an empty node)
 _FLAT_LEAF_TYPES = (torch.Tensor, int, float, bool, str)
@@ -70,15 +72,25 @@ def make_config(
     )
 
 
+Entry = tuple[Runner, OutputLayout, CompiledArtifacts]
+
+
 class CompiledCache:
-    """Compiled entries of one function, keyed as in Note [Compile cache keys]."""
+    """Compiled entries of one function, keyed as in Note [Compile cache keys].
+
+    With dynamic shapes several entries may share a key; each is valid under its
+    ShapeEnv guards (See Note [Shape guards]).
+    """
 
     def __init__(self, fn: Callable[..., Any], cfg: AOTConfig) -> None:
         self.fn = fn
         self.cfg = cfg
-        self.entries: dict[tuple[Any, ...], tuple[Runner, OutputLayout, CompiledArtifacts]] = {}
+        # every compilation, oldest first (len(entries) == number of compilations)
+        self.entries: list[Entry] = []
+        self._by_key: dict[tuple[Any, ...], list[Entry]] = {}
         self.last_key: tuple[Any, ...] | None = None
-        self.last_entry: tuple[Runner, OutputLayout, CompiledArtifacts] | None = None
+        self.last_entry: Entry | None = None
+        self._last_guard: ShapeGuard | None = None
         self._flat_specs: dict[int, pytree.TreeSpec] = {}
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -90,22 +102,41 @@ class CompiledCache:
                 in_spec = self._flat_specs[len(args)] = pytree.tree_flatten((args, {}))[1]
         else:
             flat_args, in_spec = pytree.tree_flatten((args, kwargs))
-        key = (in_spec, input_key(flat_args, dynamic=self.cfg.dynamic_shapes))
-        if key == self.last_key and self.last_entry is not None:
-            entry = self.last_entry
-        else:
-            found = self.entries.get(key)
-            if found is None:
-                found = self._compile(flat_args, in_spec)
-                self.entries[key] = found
-            entry = found
+        key = (in_spec, input_key(
+            flat_args, dynamic=self.cfg.dynamic_shapes, num_static=self.cfg.num_params_buffers
+        ))
+        entry = self.last_entry
+        guard = self._last_guard
+        if key != self.last_key or entry is None or (guard is not None and not guard(flat_args)):
+            entry = self._lookup(key, flat_args, in_spec)
             self.last_key, self.last_entry = key, entry
+            self._last_guard = entry[2].guard
         runner, outputs, _ = entry
         return outputs.unflatten(runner(flat_args))
 
-    def _compile(
-        self, flat_args: list[Any], in_spec: pytree.TreeSpec
-    ) -> tuple[Runner, OutputLayout, CompiledArtifacts]:
+    def _lookup(
+        self, key: tuple[Any, ...], flat_args: list[Any], in_spec: pytree.TreeSpec
+    ) -> Entry:
+        """The newest entry for ``key`` whose guards pass, else a new compilation."""
+        candidates = self._by_key.setdefault(key, [])
+        for entry in reversed(candidates):
+            guard = entry[2].guard
+            if guard is None or guard(flat_args):
+                return entry
+        if candidates and log.isEnabledFor(logging.INFO):
+            guard = candidates[-1][2].guard
+            failed = guard.failures(flat_args) if guard is not None else []
+            log.info(
+                "aotkit: retracing %s for new input sizes (entry %d for this key); "
+                "the newest entry's failed shape guards: %s",
+                getattr(self.fn, "__qualname__", self.fn), len(candidates) + 1, failed,
+            )
+        entry = self._compile(flat_args, in_spec)
+        candidates.append(entry)
+        self.entries.append(entry)
+        return entry
+
+    def _compile(self, flat_args: list[Any], in_spec: pytree.TreeSpec) -> Entry:
         outputs = OutputLayout()
         flat_fn = flatten_function(self.fn, in_spec, outputs)
         runner, artifacts = compile_flat(flat_fn, flat_args, self.cfg)
@@ -113,7 +144,7 @@ class CompiledCache:
 
     @property
     def artifacts(self) -> list[CompiledArtifacts]:
-        return [e[2] for e in self.entries.values()]
+        return [e[2] for e in self.entries]
 
 
 def aot_function(
@@ -128,6 +159,8 @@ def aot_function(
     *,
     dynamic: bool = False,
     enable_log: bool = True,
+    disable_functionalization: bool = False,
+    _disable_torch_fn_metadata_mode: bool = False,
 ) -> Callable[..., Any]:
     """Trace ``fn``'s forward and backward ahead of time and compile them.
 
@@ -136,6 +169,10 @@ def aot_function(
     specialization, see Note [Compile cache keys]); ``fw_compiler``/``bw_compiler`` receive
     the partitioned forward and backward graphs, ``inference_compiler`` (default
     ``fw_compiler``) the single graph traced when no gradient is needed.
+
+    ``disable_functionalization`` and ``_disable_torch_fn_metadata_mode`` are accepted for
+    signature compatibility with torch; aotkit always functionalizes (a functional graph is
+    correct for every program, and every graph a compiler receives is functional).
     """
     cfg = make_config(
         fw_compiler, bw_compiler, partition_fn, decompositions, num_params_buffers,
