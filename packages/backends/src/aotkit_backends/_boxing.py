@@ -1,16 +1,7 @@
 """The boxed calling convention: a compiled graph takes its inputs as one list.
 
-# Note [Boxed calling convention]
-# A compiled graph may be "boxed": it carries ``_boxed_call = True`` and is called as
-# ``compiled(args)`` with a single ``list`` of inputs instead of ``compiled(*args)``.
-# Taking the list lets the callee drop its references to the inputs while it runs
-# (``args.clear()``), so an input that is dead after its last use inside the graph can be
-# freed early. The contract, shared with torch's AOTAutograd:
-#   * the caller builds a fresh list for every call and never reads it afterwards; the
-#     callee may clear it, but must not otherwise change it;
-#   * the callee returns its outputs, never the list it was given;
-#   * a compiler whose result lacks ``_boxed_call`` is called with ``*args``; runtimes
-#     warn about it, so every aotkit compiler returns a boxed callable.
+See Note [Boxed calling convention] in aotkit_schemas. Every aotkit compiler returns a
+boxed callable.
 """
 
 from __future__ import annotations
@@ -20,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.fx
+from aotkit_schemas import is_boxed as is_boxed
 
 BoxedCallable = Callable[[list[Any]], Any]
 
@@ -45,11 +37,6 @@ def make_boxed_func(f: Callable[..., Any]) -> BoxedCallable:
 
     g._boxed_call = True  # type: ignore[attr-defined]
     return g
-
-
-def is_boxed(f: Callable[..., Any]) -> bool:
-    """Whether ``f`` follows Note [Boxed calling convention]."""
-    return getattr(f, "_boxed_call", False) is True
 
 
 def make_boxed_compiler(

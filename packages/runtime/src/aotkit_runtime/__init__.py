@@ -3,13 +3,11 @@
 from ._autograd_function import AutogradPlan as AutogradPlan
 from ._autograd_function import make_autograd_function as make_autograd_function
 from ._call import as_list_caller as as_list_caller
-from ._call import is_boxed as is_boxed
 from ._epilogue import make_epilogue as make_epilogue
 
 __all__ = [
     "AutogradPlan",
     "as_list_caller",
-    "is_boxed",
     "make_autograd_function",
     "make_epilogue",
 ]

@@ -1,9 +1,6 @@
 """Calling a compiled graph under either calling convention.
 
-# Note [Boxed calling convention]
-# A compiled graph is either called as ``fn(*args)`` or, when it carries
-# ``_boxed_call = True``, as ``fn(args_list)``; a boxed callee may clear the list to free
-# inputs early. The runtime always builds a fresh list for a boxed call.
+See Note [Boxed calling convention] in aotkit_schemas.
 """
 
 from __future__ import annotations
@@ -12,10 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.fx
-
-
-def is_boxed(fn: Callable[..., Any]) -> bool:
-    return bool(getattr(fn, "_boxed_call", False))
+from aotkit_schemas import is_boxed
 
 
 def as_list_caller(fn: Callable[..., Any]) -> Callable[[list[Any]], Sequence[Any]]:

@@ -12,6 +12,7 @@ from ._protocols import DecompositionTable as DecompositionTable
 from ._protocols import PartitionResult as PartitionResult
 from ._protocols import Partitioner as Partitioner
 from ._protocols import graph_outputs as graph_outputs
+from ._protocols import is_boxed as is_boxed
 from ._protocols import is_sym_node as is_sym_node
 from ._protocols import output_node as output_node
 from ._signatures import FQN as FQN
@@ -39,6 +40,7 @@ __all__ = [
     "Partitioner",
     "ViewAndMutationMeta",
     "graph_outputs",
+    "is_boxed",
     "is_sym_node",
     "mutation_can_stay_in_graph",
     "output_node",

@@ -31,13 +31,29 @@ CompiledGraph = Callable[..., Any]
 DecompositionTable = dict[Any, Callable[..., Any]]
 
 
+# Note [Boxed calling convention]
+# A compiled graph may be "boxed": it carries ``_boxed_call = True`` and is called as
+# ``compiled(args)`` with a single ``list`` of inputs instead of ``compiled(*args)``.
+# Taking the list lets the callee drop its references to the inputs while it runs
+# (``args.clear()``), so an input that is dead after its last use inside the graph can be
+# freed early. The contract, shared with torch's AOTAutograd:
+#   * the caller builds a fresh list for every call and never reads it afterwards; the
+#     callee may clear it, but must not otherwise change it;
+#   * the callee returns its outputs, never the list it was given;
+#   * a compiler whose result lacks ``_boxed_call`` is called with ``*args``.
+
+
+def is_boxed(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` follows Note [Boxed calling convention]."""
+    return getattr(fn, "_boxed_call", False) is True
+
+
 @runtime_checkable
 class Compiler(Protocol):
     """A graph compiler: torch's ``fw_compiler`` / ``bw_compiler`` convention.
 
     It receives an FX GraphModule of functional ATen ops and example inputs (fake or real)
-    and returns a callable with the same semantics. A callable carrying ``_boxed_call = True``
-    takes one list argument (which it may clear) instead of positional arguments.
+    and returns a callable with the same semantics. See Note [Boxed calling convention].
     """
 
     def __call__(
