@@ -6,8 +6,7 @@ See Note [Joint graph calling convention] in ``aotkit_schemas._protocols``.
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
@@ -16,10 +15,31 @@ from aotkit_schemas import is_sym_node
 from torch.fx.experimental.symbolic_shapes import free_symbols, is_symbol_binding_fx_node
 
 from ._joint import JointInfo, ancestors, has_side_effect, nodes_of, sorted_nodes, unique
+from ._schedule import late_order
 
 
 class PartitionError(RuntimeError):
     """A partition asked for a value that neither graph can compute."""
+
+
+def _body(
+    info: JointInfo,
+    inputs: Sequence[torch.fx.Node],
+    roots: Sequence[torch.fx.Node],
+    allowed: Collection[torch.fx.Node] | None,
+) -> list[torch.fx.Node]:
+    input_set = set(inputs)
+    needed = ancestors(roots, stop=input_set)
+    body = sorted_nodes(info, needed - input_set)
+    for node in body:
+        if node.op == "placeholder":
+            raise PartitionError(
+                f"{node.name} is needed to compute {[r.name for r in roots][:4]} "
+                "but is not an input of this graph"
+            )
+        if allowed is not None and node not in allowed:
+            raise PartitionError(f"{node.name} cannot be computed in this graph")
+    return body
 
 
 def extract_graph(
@@ -27,14 +47,16 @@ def extract_graph(
     inputs: Sequence[torch.fx.Node],
     outputs: Sequence[Any],
     *,
-    allowed: frozenset[torch.fx.Node] | set[torch.fx.Node] | None = None,
+    allowed: Collection[torch.fx.Node] | None = None,
     extra_roots: Sequence[torch.fx.Node] = (),
+    late: Collection[torch.fx.Node] = (),
 ) -> torch.fx.Graph:
     """Copy the part of the joint graph that computes ``outputs`` from ``inputs``.
 
     ``inputs`` become placeholders (keeping their names and a copy of their meta), in the
     given order. Only ancestors of ``outputs`` (and of ``extra_roots``, side-effecting ops)
-    are copied, in joint-graph order, so the result holds no dead code. When ``allowed`` is
+    are copied, so the result holds no dead code. Nodes run in joint order, except that
+    ``late`` nodes are delayed to their first use (see ``late_order``). When ``allowed`` is
     given, every copied node must belong to it.
 
     Before (joint; inputs = [addmm, tangents_1], outputs = [mul_1])::
@@ -47,38 +69,27 @@ def extract_graph(
         addmm = placeholder(); tangents_1 = placeholder()
         mul_1 = mul(tangents_1, gelu_backward(tangents_1, addmm))
     """
-    input_set = set(inputs)
-    if len(input_set) != len(inputs):
+    if len(set(inputs)) != len(inputs):
         raise PartitionError("graph inputs must be distinct nodes")
-    roots = nodes_of(outputs) + list(extra_roots)
-    needed = ancestors(roots, stop=input_set)
-    body = sorted_nodes(info, needed - input_set)
-    for node in body:
-        if node.op == "placeholder":
-            raise PartitionError(
-                f"{node.name} is needed to compute {[r.name for r in roots][:4]} "
-                "but is not an input of this graph"
-            )
-        if allowed is not None and node not in allowed:
-            raise PartitionError(f"{node.name} cannot be computed in this graph")
-
+    body = _body(info, inputs, nodes_of(outputs) + list(extra_roots), allowed)
+    if late:
+        body = late_order(body, late)
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
     for node in inputs:
         new = graph.placeholder(node.name)
-        new.meta = copy.copy(node.meta)
+        new.meta = dict(node.meta)
         env[node] = new
     for node in body:
         env[node] = graph.node_copy(node, env.__getitem__)
     graph.output(tuple(env[v] if isinstance(v, torch.fx.Node) else v for v in outputs))
-    graph.lint()
     return graph
 
 
 def symbol_bindings(
     info: JointInfo,
     values: Sequence[torch.fx.Node],
-    available: set[torch.fx.Node],
+    available: Collection[torch.fx.Node],
 ) -> list[torch.fx.Node]:
     """Forward nodes that bind the free symbols in the shapes of ``values``.
 
@@ -87,7 +98,7 @@ def symbol_bindings(
     """
     bindings: dict[Any, torch.fx.Node] = {}
     for node in info.nodes:
-        if node not in available:
+        if not isinstance(node.meta.get("val"), torch.SymInt) or node not in available:
             continue
         symbol = is_symbol_binding_fx_node(node)
         if symbol is not None and symbol not in bindings:
@@ -109,9 +120,10 @@ def build_modules(
     info: JointInfo,
     saved: Sequence[torch.fx.Node],
     *,
-    fw_allowed: set[torch.fx.Node],
-    bw_allowed: set[torch.fx.Node] | None = None,
+    fw_allowed: Collection[torch.fx.Node],
+    bw_allowed: Collection[torch.fx.Node] | None = None,
     static_lifetime_input_indices: Sequence[int] | None = None,
+    late_recompute: bool = False,
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """Split the joint graph given the forward nodes whose values the backward receives.
 
@@ -119,21 +131,17 @@ def build_modules(
     calling convention (tensors, then symints). ``fw_allowed`` is every node the forward
     may compute; ``bw_allowed`` (when given) every node the backward may compute besides
     its inputs. A saved value the backward turns out not to read is dropped, and the
-    nodes binding the symbols in backward input shapes are added.
+    nodes binding the symbols in backward input shapes are added. With ``late_recompute``
+    the forward nodes the backward recomputes are scheduled just before their first use.
     """
     saved = unique(saved)
-    tensors = sorted_nodes(info, (n for n in saved if not is_sym_node(n)))
-    symints = sorted_nodes(info, (n for n in saved if is_sym_node(n)))
     bw_roots = [n for n in info.nodes if n in info.tangent_closure and has_side_effect(n)]
     fw_roots = [n for n in info.nodes if n not in info.tangent_closure and has_side_effect(n)]
 
-    # Extract once to learn which saved values the backward reads, then keep only those.
-    probe = extract_graph(
-        info, symints + tensors + list(info.tangents), info.bwd_outputs, extra_roots=bw_roots
-    )
-    read = {n.name for n in probe.nodes if n.op == "placeholder" and n.users}
-    tensors = [n for n in tensors if n.name in read]
-    symints = [n for n in symints if n.name in read]
+    # Keep only the saved values the backward reads.
+    read = ancestors(nodes_of(info.bwd_outputs) + bw_roots, stop=set(saved) | set(info.tangents))
+    tensors = sorted_nodes(info, (n for n in saved if n in read and not is_sym_node(n)))
+    symints = sorted_nodes(info, (n for n in saved if n in read and is_sym_node(n)))
     bound = symbol_bindings(info, symints + tensors + list(info.tangents), fw_allowed)
     symints = unique([b for b in bound if b not in symints] + symints)
 
@@ -144,25 +152,27 @@ def build_modules(
         allowed=fw_allowed,
         extra_roots=fw_roots,
     )
+    late = [n for n in info.nodes if n not in info.tangent_closure] if late_recompute else ()
     bw_graph = extract_graph(
         info,
         symints + tensors + list(info.tangents),
         info.bwd_outputs,
         allowed=bw_allowed,
         extra_roots=bw_roots,
+        late=late,
     )
     static = set(static_lifetime_input_indices or ())
     if static:
-        primal_names = {p.name: i for i, p in enumerate(info.primals)}
+        primal_index = {p.name: i for i, p in enumerate(info.primals)}
         for graph in (fw_graph, bw_graph):
             for node in graph.find_nodes(op="placeholder"):
-                if node.name in primal_names:
-                    node.meta["is_static_input"] = primal_names[node.name] in static
+                if node.name in primal_index:
+                    node.meta["is_static_input"] = primal_index[node.name] in static
     for node in bw_graph.nodes:
         if node.op in ("call_function", "get_attr"):
             node.meta["autograd_backward"] = True
-    fw = torch.fx.GraphModule(info.gm, fw_graph, class_name="ForwardGraph")
-    bw = torch.fx.GraphModule(info.gm, bw_graph, class_name="BackwardGraph")
-    fw.meta = dict(info.gm.meta)
-    bw.meta = dict(info.gm.meta)
+    fw = torch.fx.GraphModule(info.root, fw_graph, class_name="ForwardGraph")
+    bw = torch.fx.GraphModule(info.root, bw_graph, class_name="BackwardGraph")
+    fw.meta = dict(info.root.meta)
+    bw.meta = dict(info.root.meta)
     return fw, bw

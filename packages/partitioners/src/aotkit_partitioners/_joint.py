@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import graph_outputs, is_sym_node
+from aotkit_schemas import is_sym_node
 
 _BACKWARD_PLACEHOLDER_PREFIXES = ("tangents", "bwd_seed", "bwd_base_offset")
 
@@ -57,9 +57,24 @@ def has_side_effect(node: torch.fx.Node) -> bool:
 
     Random ops are *not* side effects here: a random op whose value is unused is dead.
     """
+    return is_impure(node, impure_random=False)
+
+
+_IMPURE_CACHE: dict[tuple[torch._ops.OpOverload, bool], bool] = {}
+
+
+def is_impure(node: torch.fx.Node, *, impure_random: bool) -> bool:
+    """``node.is_impure``, cached per ATen overload (whose answer ignores the arguments)."""
     if node.op != "call_function":
         return False
-    return bool(node.is_impure(impure_random=False))
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return bool(node.is_impure(impure_random=impure_random))
+    key = (target, impure_random)
+    hit = _IMPURE_CACHE.get(key)
+    if hit is None:
+        hit = _IMPURE_CACHE[key] = bool(node.is_impure(impure_random=impure_random))
+    return hit
 
 
 def _partitioner_tag(node: torch.fx.Node) -> str | None:
@@ -92,7 +107,9 @@ def ancestors(
 class JointInfo:
     """The regions of a joint graph. See Note [Forward and backward regions]."""
 
-    gm: torch.fx.GraphModule
+    # the module the joint graph came from (owner of its get_attr targets)
+    root: torch.fx.GraphModule
+    graph: torch.fx.Graph
     # every node except the output node, in graph (topological) order
     nodes: tuple[torch.fx.Node, ...]
     order: dict[torch.fx.Node, int]
@@ -118,11 +135,19 @@ class JointInfo:
         return any(_partitioner_tag(n) is not None for n in self.nodes)
 
 
-def analyze_joint(gm: torch.fx.GraphModule, num_fwd_outputs: int) -> JointInfo:
-    """Classify the nodes of ``gm``. Reads the graph; never modifies it."""
-    nodes = tuple(n for n in gm.graph.nodes if n.op != "output")
+def _outputs(graph: torch.fx.Graph) -> list[Any]:
+    out = graph.find_nodes(op="output")[0].args[0]
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def analyze_joint(
+    gm: torch.fx.GraphModule, num_fwd_outputs: int, *, graph: torch.fx.Graph | None = None
+) -> JointInfo:
+    """Classify the nodes of ``graph`` (default ``gm.graph``). Never modifies either."""
+    graph = gm.graph if graph is None else graph
+    nodes = tuple(n for n in graph.nodes if n.op != "output")
     order = {n: i for i, n in enumerate(nodes)}
-    outputs = graph_outputs(gm)
+    outputs = _outputs(graph)
     if not 0 <= num_fwd_outputs <= len(outputs):
         raise ValueError(
             f"num_fwd_outputs={num_fwd_outputs} but the joint graph returns {len(outputs)} values"
@@ -146,7 +171,8 @@ def analyze_joint(gm: torch.fx.GraphModule, num_fwd_outputs: int) -> JointInfo:
     bw_roots = nodes_of(bwd_outputs)
     bw_roots += [n for n in nodes if has_side_effect(n) and n in closure]
     return JointInfo(
-        gm=gm,
+        root=gm,
+        graph=graph,
         nodes=nodes,
         order=order,
         primals=primals,

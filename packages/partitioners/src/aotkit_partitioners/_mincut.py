@@ -1,0 +1,246 @@
+"""The min-cut rematerialization partitioner.
+
+# Note [Min-cut flow graph]
+# Choosing what to save is a minimum s-t cut. Every candidate joint node ``u`` becomes two
+# flow vertices, ``u_in`` and ``u_out``, joined by an edge whose capacity is the cost of
+# saving ``u``. Dependencies ``a -> u`` become infinite edges ``a_out -> u_in``.
+#
+# * source side = values the forward has; sink side = values the backward must compute.
+# * ``source -> u_in`` (infinite) for a node the backward may not recompute
+#   (see Note [Recomputation policy]); we fold ``u_in`` into the source.
+# * ``u_out -> sink`` (infinite) for a tangent-free node that a backward node reads.
+#
+# A finite cut crosses only ``u_in -> u_out`` edges; those ``u`` are saved, and everything
+# between the saved values and the backward is recomputed. Only ancestors of the demanded
+# nodes can be cut, so the flow graph holds just them. Tangent-dependent nodes never enter it.
+#
+# Cost model (capacities are ints, so the cut is exact):
+#   capacity(u) = bytes(u) * SCALE + tiebreak(u)
+# bytes come from meta['val'] (symbolic sizes use their hints; a symint costs 1 byte; a
+# static-lifetime input costs 0, it is alive anyway). ``SCALE`` exceeds the sum of all
+# tiebreaks, so the cut first minimises bytes and only among equal-byte cuts prefers the
+# one saving values closest to the backward (tiebreak = 1 + hops to the nearest backward
+# reader; 0 for graph inputs), i.e. the one recomputing least.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import networkx as nx
+import torch
+import torch.fx
+from aotkit_schemas import is_sym_node
+
+from ._cost import SYMINT_BYTES, node_bytes
+from ._cse import cse_graph, duplicates
+from ._extract import PartitionError, build_modules
+from ._joint import JointInfo, analyze_joint, ancestors, is_primal, is_tuple_node, nodes_of
+from ._ops import ban_reason, mutated_readers
+
+_SOURCE = -1
+_SINK = -2
+
+# Ban reasons no caller may lift: recomputing would change the result or is impossible.
+HARD_BANS = frozenset(
+    {"graph input", "random op", "side effect", "reads a mutated tensor", "not a call_function"}
+)
+
+
+@dataclass(frozen=True)
+class CutProblem:
+    """The candidates of one joint graph and their costs. See Note [Min-cut flow graph]."""
+
+    info: JointInfo
+    # in graph order: ancestors of the demanded nodes (tangent-free)
+    candidates: tuple[torch.fx.Node, ...]
+    # tangent-free nodes whose value a backward node reads
+    demanded: frozenset[torch.fx.Node]
+    # why each candidate may not be recomputed (absent: it may)
+    banned: dict[torch.fx.Node, str]
+    # bytes of saving each candidate; None = cannot be saved (a tuple, a non-tensor)
+    nbytes: dict[torch.fx.Node, int | None]
+    # hops from each candidate to its nearest backward reader
+    dist: dict[torch.fx.Node, int]
+
+
+def build_problem(
+    info: JointInfo, static_lifetime_input_indices: Sequence[int] | None = None
+) -> CutProblem:
+    closure = info.tangent_closure
+    live_bw = info.bw_required
+    bw_outputs = set(nodes_of(info.bwd_outputs))
+    demanded = {
+        n
+        for n in info.nodes
+        if n not in closure
+        and n in live_bw
+        and (n in bw_outputs or any(u in closure and u in live_bw for u in n.users))
+    }
+    cand_set = ancestors(demanded)
+    candidates = tuple(n for n in info.nodes if n in cand_set)
+    mutated = mutated_readers(list(info.nodes))
+    static = {info.primals[i] for i in static_lifetime_input_indices or ()}
+    banned: dict[torch.fx.Node, str] = {}
+    nbytes: dict[torch.fx.Node, int | None] = {}
+    for n in candidates:
+        if n.op == "placeholder":
+            banned[n] = "graph input"
+        elif n in info.fw_required:
+            reason = ban_reason(n, n in mutated)
+            if reason is not None:
+                banned[n] = reason
+        if is_sym_node(n):
+            nbytes[n] = SYMINT_BYTES
+        elif is_tuple_node(n) or not _is_tensor(n):
+            nbytes[n] = None
+        else:
+            nbytes[n] = 0 if n in static else node_bytes(n)
+    dist: dict[torch.fx.Node, int] = {}
+    for n in reversed(candidates):
+        d = 0 if n in demanded else 1 << 30
+        for u in n.users:
+            du = dist.get(u)
+            if du is not None and du + 1 < d:
+                d = du + 1
+        dist[n] = d
+    return CutProblem(info, candidates, frozenset(demanded), banned, nbytes, dist)
+
+
+def saved_bytes(problem: CutProblem, saved: Collection[torch.fx.Node]) -> int:
+    """Bytes the cost model charges for saving ``saved``."""
+    return sum(problem.nbytes[n] or 0 for n in saved)
+
+
+def _is_tensor(node: torch.fx.Node) -> bool:
+    return isinstance(node.meta.get("val"), torch.Tensor) or "tensor_meta" in node.meta
+
+
+def solve(
+    problem: CutProblem,
+    *,
+    allow_recompute: Collection[torch.fx.Node] = (),
+    forbid_recompute: Collection[torch.fx.Node] = (),
+) -> list[torch.fx.Node]:
+    """Solve the cut; returns the saved nodes in graph order.
+
+    ``allow_recompute`` lifts the ban on those nodes (never a ban in ``HARD_BANS``);
+    ``forbid_recompute`` bans more. The memory-budget partitioner uses both.
+    """
+    cands = problem.candidates
+    if not cands:
+        return []
+    index = {n: i for i, n in enumerate(cands)}
+    max_dist = max(problem.dist.values())
+    scale = (max_dist + 2) * (len(cands) + 1)
+    allowed = set(allow_recompute)
+    forbidden = set(forbid_recompute)
+    g: nx.DiGraph = nx.DiGraph()
+    edges: list[tuple[int, int, dict[str, Any]]] = []
+    inf: dict[str, Any] = {}
+    banned_flags: list[bool] = []
+    for i, n in enumerate(cands):
+        reason = problem.banned.get(n)
+        is_banned = n in forbidden or (
+            reason is not None
+            and (n not in allowed or reason in HARD_BANS)
+        )
+        size = problem.nbytes[n]
+        banned_flags.append(is_banned)
+        head = _SOURCE if is_banned else 2 * i
+        if size is None:
+            edges.append((head, 2 * i + 1, inf))
+        else:
+            tiebreak = 0 if is_primal(n) else problem.dist[n] + 1
+            edges.append((head, 2 * i + 1, {"capacity": size * scale + tiebreak}))
+        if not is_banned:
+            for a in n.all_input_nodes:
+                edges.append((2 * index[a] + 1, 2 * i, inf))
+        if n in problem.demanded:
+            edges.append((2 * i + 1, _SINK, inf))
+    g.add_edges_from(edges)
+    try:
+        _, (reachable, _) = nx.minimum_cut(
+            g, _SOURCE, _SINK, flow_func=nx.algorithms.flow.boykov_kolmogorov
+        )
+    except nx.NetworkXUnbounded as e:
+        raise PartitionError(
+            "no finite cut: some value the backward needs can be neither saved nor "
+            "recomputed"
+        ) from e
+    saved = []
+    for i, n in enumerate(cands):
+        out_v = 2 * i + 1
+        if (banned_flags[i] or 2 * i in reachable) and out_v not in reachable:
+            saved.append(n)
+    return saved
+
+
+def _backward_dependencies(graph: torch.fx.Graph, num_fwd_outputs: int) -> set[torch.fx.Node]:
+    out = graph.find_nodes(op="output")[0].args[0]
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    return ancestors(nodes_of(outs[num_fwd_outputs:]))
+
+
+def prepare_joint(joint_module: torch.fx.GraphModule, num_fwd_outputs: int) -> JointInfo:
+    """CSE the joint graph (on a copy), then classify its nodes.
+
+    A forward-only value is never merged with one the backward depends on: merging them
+    could turn a value the backward would recompute cheaply into one the forward must save.
+    """
+    bw_deps = _backward_dependencies(joint_module.graph, num_fwd_outputs)
+
+    def group(node: torch.fx.Node) -> Hashable:
+        return node in bw_deps
+
+    rep = duplicates(joint_module.graph, group=group)
+    # With nothing to merge, read the joint graph itself (it is never modified).
+    graph = cse_graph(joint_module.graph, rep=rep) if rep else joint_module.graph
+    return analyze_joint(joint_module, num_fwd_outputs, graph=graph)
+
+
+def partition_with_saved(
+    info: JointInfo,
+    problem: CutProblem,
+    saved: Sequence[torch.fx.Node],
+    static_lifetime_input_indices: Sequence[int] | None,
+) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """Build the graphs for a chosen saved set, checking no banned node is recomputed."""
+    fw_allowed = set(info.nodes) - info.tangent_closure
+    never_in_bw = {n for n, reason in problem.banned.items() if reason in HARD_BANS}
+    bw_allowed = set(info.nodes) - (never_in_bw - set(saved))
+    fw, bw = build_modules(
+        info,
+        saved,
+        fw_allowed=fw_allowed,
+        bw_allowed=bw_allowed,
+        static_lifetime_input_indices=static_lifetime_input_indices,
+        late_recompute=True,
+    )
+    return fw, bw
+
+
+def min_cut_rematerialization_partition(
+    joint_module: torch.fx.GraphModule,
+    joint_inputs: Sequence[Any],
+    *,
+    num_fwd_outputs: int,
+    compiler: str = "inductor",
+    static_lifetime_input_indices: Sequence[int] | None = None,
+    **kwargs: Any,
+) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """Split ``joint_module`` saving as few bytes as possible for the backward.
+
+    The backward recomputes chains of cheap pointwise and view ops when that lowers the
+    bytes saved; it never recomputes matmuls, convolutions, attention, random ops or
+    shrinking reductions. See Note [Min-cut flow graph] and Note [Recomputation policy].
+    ``joint_module`` is not modified; ``joint_inputs``, ``compiler`` and other keyword
+    arguments are accepted for compatibility with torch's signature and ignored.
+    """
+    del joint_inputs, compiler, kwargs
+    info = prepare_joint(joint_module, num_fwd_outputs)
+    problem = build_problem(info, static_lifetime_input_indices)
+    saved = solve(problem)
+    return partition_with_saved(info, problem, saved, static_lifetime_input_indices)

@@ -1,0 +1,188 @@
+"""What kind of operation a joint-graph node performs, as the min-cut cost model sees it.
+
+# Note [Recomputation policy]
+# The backward may recompute a forward node instead of receiving it from the forward only if
+# recomputing it is cheap and gives the same value:
+#
+# * never: primal inputs, random ops (a second draw differs), ops with side effects,
+#   compute-heavy ops (matmuls, convolutions, attention), ops outside the allowlist below
+#   (softmax, normalisations, ...), reductions whose output is 4x smaller than their inputs
+#   (the output is cheap to save, the input expensive to keep), and any op that reads a
+#   tensor some op mutates (a recomputation would read the mutated value);
+# * allowed: pointwise ops, views, getitem, symbolic-size arithmetic, factory ops and a short
+#   list of cheap data movement and reductions.
+#
+# The rule binds only nodes the forward must compute anyway. A tangent-free node that only
+# the backward needs (``t(weight)`` feeding a gradient matmul) is not a recomputation; the
+# partitioner may put it in either graph.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+import torch
+import torch.fx
+from aotkit_schemas import is_sym_node
+
+from ._cost import input_bytes, node_bytes
+from ._joint import is_impure
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+def _packets(owner: Any, names: str) -> frozenset[Any]:
+    found = (getattr(owner, n, None) for n in names.split())
+    return frozenset(p for p in found if p is not None)
+
+
+COMPUTE_INTENSIVE = _packets(
+    aten,
+    "mm addmm bmm baddbmm addbmm matmul linear einsum _int_mm _scaled_mm addmv mv dot vdot "
+    "convolution _convolution convolution_backward conv1d conv2d conv3d conv_transpose1d "
+    "conv_transpose2d conv_transpose3d cudnn_convolution mkldnn_convolution "
+    "scaled_dot_product_attention _scaled_dot_product_attention_math "
+    "_scaled_dot_product_flash_attention _scaled_dot_product_flash_attention_for_cpu "
+    "_scaled_dot_product_efficient_attention _scaled_dot_product_cudnn_attention "
+    "_flash_attention_forward _efficient_attention_forward upsample_bilinear2d "
+    "_scaled_dot_product_fused_attention_overrideable",
+)
+
+RANDOM = _packets(
+    aten,
+    "native_dropout dropout bernoulli rand rand_like randn randn_like randint randint_like "
+    "randperm normal uniform multinomial poisson exponential _fused_dropout rrelu",
+)
+
+_CHEAP = _packets(
+    aten,
+    "clone _to_copy to type_as copy full full_like zeros zeros_like ones ones_like empty "
+    "empty_like empty_strided new_zeros new_ones new_full new_empty scalar_tensor arange "
+    "lift_fresh_copy cat index gather sum mean amax amin var std var_mean _grad_sum_to_size "
+    "sum_to_size triu tril argmax argmin maximum minimum broadcast_tensors reshape "
+    "_unsafe_view constant_pad_nd masked_fill where fill sym_size sym_stride sym_numel "
+    "sym_storage_offset any all isinf isnan threshold_backward gelu_backward "
+    "silu_backward sigmoid_backward tanh_backward",
+) | _packets(prims, "convert_element_type broadcast_in_dim var sum iota div")
+
+
+def packet(node: torch.fx.Node) -> Any:
+    """The OpOverloadPacket of an ATen node, else its target."""
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return target.overloadpacket
+    return target
+
+
+def _tags(node: torch.fx.Node) -> tuple[torch.Tag, ...]:
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return tuple(target.tags)
+    return ()
+
+
+def is_view(node: torch.fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and bool(target.is_view)
+
+
+def is_mutating(node: torch.fx.Node) -> bool:
+    target = node.target
+    return isinstance(target, torch._ops.OpOverload) and bool(target._schema.is_mutable)
+
+
+def is_random(node: torch.fx.Node) -> bool:
+    return packet(node) in RANDOM or torch.Tag.nondeterministic_seeded in _tags(node)
+
+
+def is_compute_intensive(node: torch.fx.Node) -> bool:
+    return packet(node) in COMPUTE_INTENSIVE
+
+
+def is_pointwise(node: torch.fx.Node) -> bool:
+    return torch.Tag.pointwise in _tags(node)
+
+
+@cache
+def _builtin_targets() -> frozenset[Callable[..., Any]]:
+    return frozenset(
+        getattr(operator, n)
+        for n in "getitem add sub mul truediv floordiv mod neg pow eq ne lt le gt ge".split()
+    )
+
+
+def is_allowlisted(node: torch.fx.Node) -> bool:
+    """Cheap enough to recompute, ignoring the size and mutation rules."""
+    if node.op != "call_function":
+        return False
+    if node.target in _builtin_targets() or is_sym_node(node):
+        return True
+    return is_view(node) or is_pointwise(node) or packet(node) in _CHEAP
+
+
+def is_shrinking_reduction(node: torch.fx.Node) -> bool:
+    """The output is less than a quarter of the size of the inputs."""
+    out = node_bytes(node)
+    return out * 4 < input_bytes(node)
+
+
+def ban_reason(node: torch.fx.Node, reads_mutated: bool) -> str | None:
+    """Why the backward may not recompute ``node``; None if it may.
+
+    See Note [Recomputation policy].
+    """
+    if node.op == "placeholder":
+        return "graph input"
+    if node.op != "call_function":
+        return "not a call_function"
+    if is_random(node):
+        return "random op"
+    if is_mutating(node) or is_impure(node, impure_random=False):
+        return "side effect"
+    if reads_mutated:
+        return "reads a mutated tensor"
+    if is_compute_intensive(node):
+        return "compute intensive"
+    if not is_allowlisted(node):
+        return "not in the recompute allowlist"
+    if node.target is not operator.getitem and not is_sym_node(node):
+        if not is_view(node) and is_shrinking_reduction(node):
+            return "reduction"
+    return None
+
+
+def mutated_readers(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
+    """Nodes that read a tensor which some op mutates (or are that tensor).
+
+    Storage is tracked through views: a view shares its base's storage, an in-place op's
+    result is its mutated argument. Functional graphs (the normal case) give an empty set.
+    """
+    parent: dict[torch.fx.Node, torch.fx.Node] = {}
+
+    def find(n: torch.fx.Node) -> torch.fx.Node:
+        while parent.get(n, n) is not n:
+            n = parent[n]
+        return n
+
+    mutated: list[torch.fx.Node] = []
+    for node in nodes:
+        if node.op != "call_function":
+            continue
+        tensor_args = [a for a in node.args if isinstance(a, torch.fx.Node)]
+        if is_view(node) and tensor_args:
+            parent[find(node)] = find(tensor_args[0])
+        if is_mutating(node) and tensor_args:
+            mutated.extend(tensor_args)
+            parent[find(node)] = find(tensor_args[0])
+    if not mutated:
+        return set()
+    roots = {find(m) for m in mutated}
+    in_group = {n for n in nodes if find(n) in roots}
+    readers = set(in_group)
+    for n in in_group:
+        readers.update(n.users)
+    return readers
