@@ -215,12 +215,28 @@ def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     return table
 
 
+def _inductor_keeping_layouts(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+) -> Callable[[list[Any]], Any]:
+    """``inductor_compiler`` with Inductor's layout optimization off.
+
+    With it on, Inductor may return convolution activations in channels-last layout from
+    the forward graph, while the backward graph is compiled for the strides the trace
+    saw (torch feeds the forward's real output strides back into the backward compile;
+    aotkit does not yet). Keeping eager layouts makes the two agree.
+    """
+    from torch._inductor import config  # imported on first compile: Inductor is slow to import
+
+    with config.patch(layout_optimization=False):
+        return inductor_compiler(gm, example_inputs)
+
+
 def _make_backends() -> dict[str, AotAutograd]:
     return {
         "aotkit_eager": aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=default_partition),
         "aotkit_inductor": aot_autograd(
-            fw_compiler=inductor_compiler,
-            bw_compiler=inductor_compiler,
+            fw_compiler=_inductor_keeping_layouts,
+            bw_compiler=_inductor_keeping_layouts,
             partition_fn=_min_cut,
             decompositions=_inductor_decompositions,
         ),

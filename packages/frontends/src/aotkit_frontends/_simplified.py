@@ -99,6 +99,12 @@ def aot_module_simplified(
     decompositions: dict[Any, Callable[..., Any]] | None = None,
     keep_inference_input_mutations: bool = False,
     inference_compiler: Callable[..., Any] | None = None,
+    compiler_config_extra: Any = None,
+    ignore_shape_env: bool = False,
+    disable_functionalization: bool = False,
+    pre_grad_passes: Callable[[torch.fx.GraphModule, Sequence[Any]], torch.fx.GraphModule]
+    | None = None,
+    compile_region_name: str | None = None,
     cudagraphs: Any = None,
 ) -> Callable[[list[Any]], Any]:
     """Compile ``mod`` now, for inputs like ``args``; return a boxed ``forward``.
@@ -107,13 +113,19 @@ def aot_module_simplified(
     Note [aot_module_simplified calling convention]. ``args`` may be fake tensors: when
     their FakeTensorMode has a ShapeEnv, that mode (and its symbolic sizes) is reused.
     Dynamo's metadata (parameter sources, static inputs) is honoured when present.
-    ``cudagraphs`` is accepted for compatibility and ignored (aotkit has no CUDA-graph
-    support).
+    ``pre_grad_passes(gm, args)`` rewrites a GraphModule before it is traced.
+    ``ignore_shape_env=True`` compiles for static shapes even when the fake inputs carry a
+    ShapeEnv. Accepted for compatibility and ignored: ``compiler_config_extra`` and
+    ``compile_region_name`` (torch's compile cache and logging), ``cudagraphs`` (older
+    torch; aotkit has no CUDA-graph support) and ``disable_functionalization`` (aotkit
+    always functionalizes).
 
     ``forward`` also exposes the module's ``zero_grad``, ``named_parameters`` and
     ``named_buffers``.
     """
-    del cudagraphs
+    del compiler_config_extra, compile_region_name, cudagraphs, disable_functionalization
+    if pre_grad_passes is not None and isinstance(mod, torch.fx.GraphModule):
+        mod = pre_grad_passes(mod, args)
     named = {
         **dict(mod.named_parameters(remove_duplicate=False)),
         **dict(mod.named_buffers(remove_duplicate=False)),
@@ -127,7 +139,7 @@ def aot_module_simplified(
     cfg = make_config(
         fw_compiler, bw_compiler, partition_fn, decompositions, len(params_flat),
         keep_inference_input_mutations, inference_compiler,
-        dynamic=_has_symbolic_fake_inputs(full_args),
+        dynamic=not ignore_shape_env and _has_symbolic_fake_inputs(full_args),
         aot_autograd_arg_pos_to_source=sources,
         static_input_indices=static_indices,
     )
