@@ -1,7 +1,7 @@
 """aotkit_backends: graph compilers for aotkit (nop, printing, boxing helpers, TorchInductor).
 
 Every compiler here follows the ``aotkit_schemas.Compiler`` protocol and returns a boxed
-callable: see Note [Boxed calling convention] in ``_boxing.py``. Third-party compilers can
+callable: see Note [Boxed calling convention] in ``aotkit_schemas``. Third-party compilers can
 check themselves against ``aotkit_backends.testing.CompilerConformance``.
 """
 

@@ -5,7 +5,7 @@ every check below runs against your compiler::
 
     import pytest
     from aotkit_backends.testing import CompilerConformance
-    from aotkit_schemas import Compiler
+    from aotkit_schemas import Compiler, is_boxed
 
     class TestMyCompiler(CompilerConformance):
         @pytest.fixture
@@ -17,7 +17,7 @@ Each case in ``CONFORMANCE_CASES`` is a small function traced to an ATen graph w
 list of outputs. The suite checks that the compiled graph
 
 * follows the ``aotkit_schemas.Compiler`` protocol and returns a boxed callable
-  (Note [Boxed calling convention] in ``aotkit_backends._boxing``);
+  (Note [Boxed calling convention] in ``aotkit_schemas``);
 * reproduces the graph's own outputs on real inputs (same count, dtypes, shapes, values),
   whether the compiler was given real or fake example inputs;
 * does not mutate its inputs, neither while compiling nor while running.
@@ -35,10 +35,8 @@ from typing import Any, ClassVar, Literal
 import pytest
 import torch
 import torch.fx
-from aotkit_schemas import Compiler
+from aotkit_schemas import Compiler, is_boxed
 from torch.fx.experimental.proxy_tensor import make_fx
-
-from ._boxing import is_boxed
 
 ExampleInputKind = Literal["real", "fake"]
 
@@ -245,7 +243,7 @@ class CompilerConformance:
     def test_boxed_calling_convention(
         self, compiler: Compiler, conformance_case: ConformanceCase
     ) -> None:
-        # See Note [Boxed calling convention] in aotkit_backends._boxing.
+        # See Note [Boxed calling convention] in aotkit_schemas.
         traced = trace_case(conformance_case, "real")
         compiled = compiler(traced.gm, traced.example_inputs)
         assert is_boxed(compiled), "the compiled graph must carry _boxed_call = True"
