@@ -4,16 +4,31 @@ The meta-package: it re-exports the public API of the aotkit packages. Importing
 registers the ``aotkit_eager`` and ``aotkit_inductor`` torch.compile backends.
 """
 
+from aotkit_backends import inductor_compiler as inductor_compiler
 from aotkit_backends import make_boxed_compiler as make_boxed_compiler
 from aotkit_backends import make_boxed_func as make_boxed_func
 from aotkit_backends import nop as nop
 from aotkit_backends import print_compiler as print_compiler
 from aotkit_frontends import AOTCompileError as AOTCompileError
+from aotkit_frontends import AOTExportError as AOTExportError
+from aotkit_frontends import aot_autograd as aot_autograd
+from aotkit_frontends import aot_export_joint_simple as aot_export_joint_simple
+from aotkit_frontends import aot_export_module as aot_export_module
 from aotkit_frontends import aot_function as aot_function
 from aotkit_frontends import aot_module as aot_module
+from aotkit_frontends import aot_module_simplified as aot_module_simplified
 from aotkit_frontends import compiled_function as compiled_function
 from aotkit_frontends import compiled_module as compiled_module
+from aotkit_frontends import mem_efficient_fusion_kwargs as mem_efficient_fusion_kwargs
+from aotkit_frontends import register_dynamo_backends as register_dynamo_backends
+from aotkit_partitioners import available_partitioners as available_partitioners
 from aotkit_partitioners import default_partition as default_partition
+from aotkit_partitioners import get_partitioner as get_partitioner
+from aotkit_partitioners import memory_budget_partition as memory_budget_partition
+from aotkit_partitioners import (
+    min_cut_rematerialization_partition as min_cut_rematerialization_partition,
+)
+from aotkit_partitioners import register_partitioner as register_partitioner
 from aotkit_schemas import AOTConfig as AOTConfig
 from aotkit_schemas import BackwardSignature as BackwardSignature
 from aotkit_schemas import GraphSignature as GraphSignature
@@ -25,9 +40,12 @@ from aotkit_schemas import ViewAndMutationMeta as ViewAndMutationMeta
 
 __version__ = "0.1.0"
 
+register_dynamo_backends()
+
 __all__ = [
     "AOTCompileError",
     "AOTConfig",
+    "AOTExportError",
     "BackwardSignature",
     "GraphSignature",
     "InputAliasInfo",
@@ -35,13 +53,25 @@ __all__ = [
     "OutputAliasInfo",
     "OutputType",
     "ViewAndMutationMeta",
+    "aot_autograd",
+    "aot_export_joint_simple",
+    "aot_export_module",
     "aot_function",
     "aot_module",
+    "aot_module_simplified",
+    "available_partitioners",
     "compiled_function",
     "compiled_module",
     "default_partition",
+    "get_partitioner",
+    "inductor_compiler",
     "make_boxed_compiler",
     "make_boxed_func",
+    "mem_efficient_fusion_kwargs",
+    "memory_budget_partition",
+    "min_cut_rematerialization_partition",
     "nop",
     "print_compiler",
+    "register_dynamo_backends",
+    "register_partitioner",
 ]
