@@ -15,11 +15,14 @@ from ._registry import available_partitioners as available_partitioners
 from ._registry import get_partitioner as get_partitioner
 from ._registry import register_partitioner as register_partitioner
 from ._registry import unregister_partitioner as unregister_partitioner
+from ._report import PartitionReport as PartitionReport
+from ._report import partition_report as partition_report
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "MemoryBudgetPartitioner",
     "PartitionError",
+    "PartitionReport",
     "UnknownPartitionerError",
     "available_partitioners",
     "cse",
@@ -27,6 +30,7 @@ __all__ = [
     "get_partitioner",
     "memory_budget_partition",
     "min_cut_rematerialization_partition",
+    "partition_report",
     "register_partitioner",
     "unregister_partitioner",
 ]

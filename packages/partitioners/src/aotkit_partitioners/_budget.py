@@ -106,7 +106,7 @@ class MemoryBudgetPartitioner:
     def __call__(
         self,
         joint_module: torch.fx.GraphModule,
-        joint_inputs: Sequence[Any],
+        joint_inputs: Any,
         *,
         num_fwd_outputs: int,
         static_lifetime_input_indices: Sequence[int] | None = None,

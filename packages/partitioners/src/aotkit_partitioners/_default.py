@@ -44,7 +44,7 @@ def forward_region(info: JointInfo) -> set[torch.fx.Node]:
 
 def default_partition(
     joint_module: torch.fx.GraphModule,
-    joint_inputs: Sequence[Any],
+    joint_inputs: Any,
     *,
     num_fwd_outputs: int,
     static_lifetime_input_indices: Sequence[int] | None = None,

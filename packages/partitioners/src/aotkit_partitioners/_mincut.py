@@ -224,7 +224,7 @@ def partition_with_saved(
 
 def min_cut_rematerialization_partition(
     joint_module: torch.fx.GraphModule,
-    joint_inputs: Sequence[Any],
+    joint_inputs: Any,
     *,
     num_fwd_outputs: int,
     compiler: str = "inductor",

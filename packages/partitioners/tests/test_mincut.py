@@ -1,0 +1,120 @@
+from __future__ import annotations
+
+import copy
+import operator
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from aotkit_partitioners import (
+    cse,
+    min_cut_rematerialization_partition,
+    partition_report,
+)
+from aotkit_partitioners._corpus import traced_case
+from aotkit_partitioners._mincut import build_problem, prepare_joint
+from aotkit_partitioners._tracing import make_joint, run_joint, run_partition
+from torch._functorch.partitioners import (
+    min_cut_rematerialization_partition as torch_min_cut,
+)
+
+aten = torch.ops.aten
+
+
+def _saved_bytes(joint: torch.fx.GraphModule, n: int, *, ours: bool) -> int:
+    gm = joint if ours else copy.deepcopy(joint)
+    part = min_cut_rematerialization_partition if ours else torch_min_cut
+    fw, bw = part(gm, None, num_fwd_outputs=n)
+    return partition_report(fw, bw, n).saved_bytes
+
+
+@pytest.mark.parametrize("case", ["mlp", "pointwise_chain", "norms", "conv_bn", "two_outputs"])
+def test_never_saves_more_than_torch(case: str) -> None:
+    traced = traced_case(case)
+    ours = _saved_bytes(traced.gm, traced.num_fwd_outputs, ours=True)
+    theirs = _saved_bytes(traced.gm, traced.num_fwd_outputs, ours=False)
+    assert ours <= theirs
+
+
+def _chain(x: torch.Tensor) -> torch.Tensor:
+    for _ in range(24):
+        x = F.gelu(x) * x.sigmoid() + x.cos()
+    return x
+
+
+def test_recomputes_pointwise_chain_from_input(capture_aot_joint: Any) -> None:
+    joint, joint_inputs, n = capture_aot_joint(_chain, torch.randn(16, 16, requires_grad=True))
+    fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, num_fwd_outputs=n)
+    report = partition_report(fw, bw, n, joint=joint)
+    assert [name for name, _ in report.saved_tensors] == ["primals_1"]
+    assert report.recomputed_node_names
+    # torch's "long fusible chain" heuristic bans recomputing deep chains and saves more
+    assert report.saved_bytes < _saved_bytes(joint, n, ours=False)
+
+
+def _targets(gm: torch.fx.GraphModule) -> list[object]:
+    return [n.target for n in gm.graph.nodes if n.op == "call_function"]
+
+
+def test_never_recomputes_matmul_random_or_reduction() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = F.dropout((x @ w).relu(), 0.3, training=True)
+        s = h.sum(1, keepdim=True)  # 8x smaller than h
+        return (s.exp() * x).cos()
+
+    x, w = torch.randn(8, 8, requires_grad=True), torch.randn(8, 8, requires_grad=True)
+    traced = make_joint(f, (x, w))
+    fw, bw = min_cut_rematerialization_partition(traced.gm, traced.inputs, num_fwd_outputs=1)
+    report = partition_report(fw, bw, 1, joint=traced.gm)
+    fw_by_name = {n.name: n for n in fw.graph.nodes}
+    for name in report.recomputed_node_names:
+        node = fw_by_name[name]
+        assert node.target not in (aten.mm.default, aten.sum.dim_IntList)
+        assert torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ())
+    torch.manual_seed(0)
+    want = run_joint(traced)
+    torch.manual_seed(0)
+    got = run_partition(fw, bw, 1, traced.inputs, 2)
+    torch.testing.assert_close(got, want)
+
+
+def test_symint_saved_not_tensor() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x.sum() * y
+
+    x, y = torch.randn(5, 3, requires_grad=True), torch.randn(2, requires_grad=True)
+    traced = make_joint(f, (x, y), tracing_mode="symbolic")
+    fw, bw = min_cut_rematerialization_partition(traced.gm, traced.inputs, num_fwd_outputs=1)
+    report = partition_report(fw, bw, 1)
+    assert "primals_1" not in dict(report.saved_tensors)
+    assert report.saved_symint_names
+
+
+def test_cse_merges_duplicates_and_is_pure() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() + x.sin() * torch.rand_like(x) + torch.rand_like(x)
+
+    traced = make_joint(f, (torch.randn(4, requires_grad=True),))
+    code = traced.gm.code
+    out = cse(traced.gm)
+    assert traced.gm.code == code
+
+    def count(gm: torch.fx.GraphModule, op: object) -> int:
+        return sum(1 for t in _targets(gm) if t == op)
+
+    assert count(traced.gm, aten.sin.default) == 2 and count(out, aten.sin.default) == 1
+    assert count(out, aten.rand_like.default) == count(traced.gm, aten.rand_like.default) == 2
+    names = {n.name for n in out.graph.nodes}
+    assert names <= {n.name for n in traced.gm.graph.nodes}
+
+
+def test_flow_problem_bans() -> None:
+    info = prepare_joint(traced_case("conv_bn").gm, 1)
+    problem = build_problem(info)
+    reasons = {n.target: r for n, r in problem.banned.items() if n.op == "call_function"}
+    assert reasons[aten.convolution.default] == "compute intensive"
+    assert all(
+        r is not None for n, r in problem.banned.items() if n.op == "placeholder"
+    )
+    assert not any(n.target is operator.getitem for n in problem.banned)
