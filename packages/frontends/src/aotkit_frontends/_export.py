@@ -61,7 +61,7 @@ GRAD_INPUT_MUTATION_MESSAGE = (
     "torch.no_grad() outside the exported module.\n{meta}"
 )
 PARAMETER_MUTATION_MESSAGE = (
-    "aotkit export: parameter {name} was mutated. aotkit's GraphSignature records mutated "
+    "aotkit export: {name} was mutated. aotkit's GraphSignature records mutated "
     "buffers and user inputs only; register the state as a buffer if it changes in forward."
 )
 UNUSED_PARAMETER_MESSAGE = (
@@ -92,10 +92,15 @@ def _infer_dynamic(flat_args: Sequence[Any], mod: Any, dynamic_shapes: bool | No
 
 
 def _input_names(param_names: Sequence[str], buffer_names: Sequence[str]) -> Callable[[int], str]:
-    fqns = [*param_names, *buffer_names]
+    """``name(i)``: how error messages refer to flat input ``i``."""
+    n_params, n_buffers = len(param_names), len(buffer_names)
 
     def name(i: int) -> str:
-        return f"parameter or buffer {fqns[i]}" if i < len(fqns) else f"user input {i - len(fqns)}"
+        if i < n_params:
+            return f"parameter {param_names[i]}"
+        if i < n_params + n_buffers:
+            return f"buffer {buffer_names[i - n_params]}"
+        return f"user input {i - n_params - n_buffers}"
 
     return name
 
@@ -226,6 +231,7 @@ def aot_export_module(
     fn = functional_call
     if trace_joint:
         assert output_loss_index is not None
+        # unlike torch's, this check forwards kwargs: torch's joint export fails on them
         fn = _loss_checked(functional_call, output_loss_index)
     full_args = (*params_flat, *args)
     flat_args, in_spec = pytree.tree_flatten((full_args, kwargs or {}))

@@ -1,0 +1,331 @@
+"""aot_export_module: graphs, signatures and restrictions, against torch's own."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import torch.fx
+import torch.nn as nn
+from aotkit_frontends import AOTExportError, TensorAttributeAssignedError, aot_export_module
+from aotkit_schemas import GraphSignature, graph_outputs
+from torch._functorch.aot_autograd import aot_export_module as torch_export
+
+
+class MLPLoss(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin1 = nn.Linear(4, 8)
+        self.lin2 = nn.Linear(8, 2)
+
+    def forward(self, x: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.lin2(self.lin1(x).relu())
+        return logits.detach(), nn.functional.cross_entropy(logits, target)
+
+
+class StatefulLoss(nn.Module):
+    """Mutates a buffer and a user input; the loss is not the first output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("running", torch.zeros(4))
+
+    def forward(self, x: torch.Tensor, seen: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.calls.add_(1)
+        y = self.lin(x)
+        self.running.mul_(0.9).add_(y.detach().mean(0) * 0.1)
+        seen.add_(1)
+        return y.detach() * 2, (y * seen).square().mean(), self.calls.clone()
+
+
+class BatchNormLoss(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3)
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.bn(self.conv(x)).relu().sum(),)
+
+
+class KwargsModule(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 3))
+
+    def forward(self, x: torch.Tensor, *, scale: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((x @ self.w * scale).sum(),)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    module: Callable[[], nn.Module]
+    args: Callable[[], tuple[Any, ...]]
+    loss_index: int
+    kwargs: Callable[[], dict[str, Any]] = dict
+    # torch's joint export passes no kwargs to the module (TypeError); aotkit does
+    torch_joint_fails: bool = False
+
+
+CASES = [
+    Case("mlp_loss", MLPLoss, lambda: (torch.randn(5, 4), torch.tensor([0, 1, 1, 0, 1])), 1),
+    Case("stateful", StatefulLoss, lambda: (torch.randn(3, 4, requires_grad=True), torch.zeros(3, 4)), 1),
+    Case("batchnorm", BatchNormLoss, lambda: (torch.randn(2, 2, 5, 5),), 0),
+    Case("kwargs", KwargsModule, lambda: (torch.randn(2, 3),), 0, lambda: {"scale": torch.randn(())}, True),
+]
+
+
+def _names_are_graph_nodes(gm: torch.fx.GraphModule, sig: GraphSignature, *, joint: bool) -> None:
+    """Every name in the signature is a placeholder or output of gm, at its place."""
+    inputs = [n.name for n in gm.graph.find_nodes(op="placeholder")]
+    outputs = [n.name for n in graph_outputs(gm)]
+    assert inputs == [*sig.inputs_to_parameters, *sig.inputs_to_buffers, *sig.user_inputs]
+    mutated = [*sig.buffers_to_mutate, *sig.user_inputs_to_mutate]
+    assert set(outputs[: len(mutated)]) == set(mutated)
+    n_user = len(sig.user_outputs)
+    assert outputs[len(mutated) : len(mutated) + n_user] == sig.user_outputs
+    grads = outputs[len(mutated) + n_user :]
+    if joint:
+        bw = sig.backward_signature
+        assert bw is not None
+        assert grads == [*bw.gradients_to_parameters, *bw.gradients_to_user_inputs]
+        assert bw.loss_output in sig.user_outputs
+    else:
+        assert sig.backward_signature is None and grads == []
+
+
+def _export_both(case: Case, joint: bool) -> tuple[Any, Any, Any, Any, nn.Module, tuple[Any, ...], dict[str, Any]]:
+    torch.manual_seed(0)
+    mod = case.module()
+    args, kwargs = case.args(), case.kwargs()
+    loss_index = case.loss_index if joint else None
+    ours = aot_export_module(mod, args, trace_joint=joint, output_loss_index=loss_index, kwargs=kwargs)
+    theirs = torch_export(mod, args, trace_joint=joint, output_loss_index=loss_index, kwargs=kwargs)
+    return (*ours, *theirs, mod, args, kwargs)
+
+
+@pytest.mark.parametrize("joint", [False, True], ids=["inference", "joint"])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_graph_and_signature_match_torch(case: Case, joint: bool) -> None:
+    if joint and case.torch_joint_fails:
+        pytest.skip("torch cannot export this; see test_joint_export_forwards_kwargs")
+    gm, sig, tgm, tsig, mod, args, kwargs = _export_both(case, joint)
+    _names_are_graph_nodes(gm, sig, joint=joint)
+    # the input side names the same placeholders (make_fx names them arg0_1, arg1_1, ...)
+    assert sig.parameters == tsig.parameters and sig.buffers == tsig.buffers
+    assert sig.user_inputs == tsig.user_inputs
+    assert sig.inputs_to_parameters == tsig.inputs_to_parameters
+    assert sig.inputs_to_buffers == tsig.inputs_to_buffers
+    assert sig.in_spec == tsig.in_spec and sig.out_spec == tsig.out_spec
+    assert sorted(sig.buffers_to_mutate.values()) == sorted(tsig.buffers_to_mutate.values())
+    assert sorted(sig.user_inputs_to_mutate.values()) == sorted(tsig.user_inputs_to_mutate.values())
+    if joint:
+        bw, tbw = sig.backward_signature, tsig.backward_signature
+        assert bw is not None and tbw is not None
+        assert list(bw.gradients_to_parameters.values()) == list(tbw.gradients_to_parameters.values())
+        assert list(bw.gradients_to_user_inputs.values()) == list(tbw.gradients_to_user_inputs.values())
+    # both graphs compute the same values
+    flat = [*mod.parameters(), *mod.buffers(), *args, *kwargs.values()]
+    ours = gm(*[t.clone() if isinstance(t, torch.Tensor) else t for t in flat])
+    theirs = tgm(*[t.clone() if isinstance(t, torch.Tensor) else t for t in flat])
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_loss_output_names_the_loss_when_buffers_are_mutated() -> None:
+    # torch names graph_output_names[loss_index], ignoring the mutated buffers that come
+    # first; here that is the updated `calls` buffer. aotkit names the loss.
+    gm, sig = aot_export_module(
+        StatefulLoss(), (torch.randn(3, 4), torch.zeros(3, 4)), trace_joint=True, output_loss_index=1
+    )
+    bw = sig.backward_signature
+    assert bw is not None
+    assert bw.loss_output == sig.user_outputs[1]
+    _, tsig = torch_export(
+        StatefulLoss(), (torch.randn(3, 4), torch.zeros(3, 4)), trace_joint=True, output_loss_index=1
+    )
+    assert tsig.backward_signature.loss_output in tsig.buffers_to_mutate, "torch's bug is still there"
+
+
+def test_joint_graph_run_by_hand_gives_eager_loss_and_gradients() -> None:
+    torch.manual_seed(0)
+    mod = StatefulLoss()
+    x, seen = torch.randn(3, 4, requires_grad=True), torch.zeros(3, 4)
+    gm, sig = aot_export_module(mod, (x, seen), trace_joint=True, output_loss_index=1)
+
+    params = dict(mod.named_parameters())
+    buffers = dict(mod.named_buffers())
+    inputs = {
+        **{n: params[f].detach() for n, f in sig.inputs_to_parameters.items()},
+        **{n: buffers[f].clone() for n, f in sig.inputs_to_buffers.items()},
+        **dict(zip(sig.user_inputs, [x.detach(), seen.clone()], strict=True)),
+    }
+    out_names = [n.name for n in graph_outputs(gm)]
+    results = dict(zip(out_names, gm(*inputs.values()), strict=True))
+
+    eager_seen = seen.clone()
+    eager_out = mod(x, eager_seen)
+    eager_out[1].backward()
+    bw = sig.backward_signature
+    assert bw is not None
+    torch.testing.assert_close(results[bw.loss_output], eager_out[1])
+    for out_name, fqn in bw.gradients_to_parameters.items():
+        torch.testing.assert_close(results[out_name], params[fqn].grad, msg=fqn)
+    ((grad_name, input_name),) = bw.gradients_to_user_inputs.items()
+    assert input_name == sig.user_inputs[0]
+    torch.testing.assert_close(results[grad_name], x.grad)
+    for out_name, fqn in sig.buffers_to_mutate.items():
+        torch.testing.assert_close(results[out_name], buffers[fqn], msg=fqn)
+    ((mut_name, mut_input),) = sig.user_inputs_to_mutate.items()
+    assert mut_input == sig.user_inputs[1]
+    torch.testing.assert_close(results[mut_name], eager_seen)
+
+
+def test_joint_export_forwards_kwargs() -> None:
+    mod = KwargsModule()
+    x, scale = torch.randn(2, 3), torch.randn(())
+    gm, sig = aot_export_module(mod, (x,), trace_joint=True, output_loss_index=0, kwargs={"scale": scale})
+    loss, grad = gm(mod.w.detach(), x, scale)
+    mod(x, scale=scale)[0].backward()
+    torch.testing.assert_close(loss, (x @ mod.w * scale).sum())
+    torch.testing.assert_close(grad, mod.w.grad)
+    assert sig.backward_signature is not None
+    assert list(sig.backward_signature.gradients_to_parameters.values()) == ["w"]
+
+
+def test_a_bare_tensor_output_is_accepted() -> None:
+    # torch insists on a tuple; the exported graph returns a flat tuple either way
+    mod = Returns(lambda m, x: m.lin(x).sum())
+    for joint in (False, True):
+        gm, sig = aot_export_module(mod, (torch.randn(2, 3),), trace_joint=joint, output_loss_index=0)
+        assert len(sig.user_outputs) == 1
+
+
+def test_export_leaves_the_module_untouched() -> None:
+    mod = StatefulLoss()
+    before = {k: v.clone() for k, v in mod.state_dict().items()}
+    seen = torch.zeros(3, 4)
+    aot_export_module(mod, (torch.randn(3, 4), seen), trace_joint=True, output_loss_index=1)
+    for k, v in mod.state_dict().items():
+        torch.testing.assert_close(v, before[k], msg=k)
+    assert seen.eq(0).all(), "export traces on fake tensors; real inputs are not mutated"
+
+
+def test_dynamic_shapes_give_symbolic_placeholders() -> None:
+    gm, _ = aot_export_module(
+        MLPLoss(), (torch.randn(5, 4), torch.tensor([0, 1, 1, 0, 1])), trace_joint=False,
+        dynamic_shapes=True,
+    )
+    x_node = list(gm.graph.find_nodes(op="placeholder"))[4]
+    assert isinstance(x_node.meta["val"].shape[0], torch.SymInt)
+
+
+# ---- restrictions ----------------------------------------------------------------------
+
+
+class Returns(nn.Module):
+    def __init__(self, body: Callable[[nn.Module, torch.Tensor], Any]) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("buf", torch.zeros(3))
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.body(self, x)
+
+
+class AssignsAttribute(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.cache: torch.Tensor | None = None
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        self.cache = self.lin(x)
+        self.calls += 1
+        return (self.cache.sum(),)
+
+
+ERRORS: list[tuple[str, Callable[[], None], str]] = [
+    (
+        "no_loss_index",
+        lambda: aot_export_module(Returns(lambda m, x: (m.lin(x).sum(),)), (torch.randn(2, 3),), trace_joint=True),
+        "output_loss_index",
+    ),
+    (
+        "loss_not_scalar",
+        lambda: aot_export_module(Returns(lambda m, x: (m.lin(x),)), (torch.randn(2, 3),), trace_joint=True, output_loss_index=0),
+        "must be a scalar",
+    ),
+    (
+        "loss_without_grad",
+        lambda: aot_export_module(Returns(lambda m, x: (m.lin(x).sum().detach(),)), (torch.randn(2, 3),), trace_joint=True, output_loss_index=0),
+        "does not require gradients",
+    ),
+    (
+        "other_output_requires_grad",
+        lambda: aot_export_module(Returns(lambda m, x: (m.lin(x), m.lin(x).sum())), (torch.randn(2, 3),), trace_joint=True, output_loss_index=1),
+        "output 0 requires gradients",
+    ),
+    (
+        "metadata_mutation",
+        lambda: aot_export_module(Returns(lambda m, x: (x.t_().sum(),)), (torch.randn(2, 3),), trace_joint=False),
+        "metadata mutation",
+    ),
+    (
+        "grad_input_data_mutation",
+        lambda: aot_export_module(
+            Returns(lambda m, x: (m.lin(x.mul_(2)).sum(),)), (torch.randn(2, 3, requires_grad=True),),
+            trace_joint=True, output_loss_index=0,
+        ),
+        "requires gradients and received a data mutation",
+    ),
+    (
+        "parameter_mutation",
+        lambda: aot_export_module(Returns(lambda m, x: (m.lin.weight.add_(1).sum() + x.sum(),)), (torch.randn(2, 3),), trace_joint=False),
+        "parameter lin.weight was mutated",
+    ),
+    (
+        "tensor_attribute_assigned",
+        lambda: aot_export_module(AssignsAttribute(), (torch.randn(2, 3),), trace_joint=True, output_loss_index=0),
+        r"self\.cache was assigned during export",
+    ),
+]
+
+
+@pytest.mark.parametrize("make_error", [e[1] for e in ERRORS], ids=[e[0] for e in ERRORS])
+def test_each_restriction_raises_a_runtime_error(make_error: Callable[[], None]) -> None:
+    message = {e[1]: e[2] for e in ERRORS}[make_error]
+    with pytest.raises(RuntimeError, match=message):
+        make_error()
+
+
+def test_assigned_attribute_is_restored_and_error_is_also_a_value_error() -> None:
+    mod = AssignsAttribute()
+    with pytest.raises(TensorAttributeAssignedError) as info:
+        aot_export_module(mod, (torch.randn(2, 3),), trace_joint=False)
+    assert isinstance(info.value, ValueError) and isinstance(info.value, AOTExportError | RuntimeError)
+    assert mod.cache is None and mod.calls == 0
+
+
+def test_tied_weights_are_rejected_as_duplicate_inputs() -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.enc = nn.Linear(3, 3, bias=False)
+            self.dec = nn.Linear(3, 3, bias=False)
+            self.dec.weight = self.enc.weight
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (self.dec(self.enc(x)).sum(),)
+
+    with pytest.raises(AOTExportError, match=r"flat inputs \[0, 1\] are the same tensor"):
+        aot_export_module(Tied(), (torch.randn(2, 3),), trace_joint=True, output_loss_index=0)

@@ -1,0 +1,210 @@
+"""aot_module_simplified against torch's own, on a small table of modules."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+import torch.fx
+import torch.nn as nn
+from aotkit_backends import nop
+from aotkit_frontends import aot_module_simplified
+from aotkit_frontends._simplified import dynamo_metadata
+from torch._functorch.aot_autograd import aot_module_simplified as torch_simplified
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+
+class TupleMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 6)
+        self.b = nn.Linear(6, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = self.a(x).tanh()
+        return self.b(h), h.sum(1)
+
+
+class ListOut(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        return [x @ self.w, (y * self.w).sum()]
+
+
+class BufferAndInputMutation(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("steps", torch.zeros(()))
+
+    def forward(self, x: torch.Tensor, acc: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self.steps.add_(1)
+        acc.add_(x.detach())
+        return (self.lin(x) * self.steps, x.view(-1))
+
+
+class BatchNormNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3)
+        self.bn = nn.BatchNorm2d(3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.bn(self.conv(x)).relu(),)
+
+
+class TiedWeights(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.enc = nn.Linear(4, 4, bias=False)
+        self.dec = nn.Linear(4, 4, bias=False)
+        self.dec.weight = self.enc.weight
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (self.dec(self.enc(x)),)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    module: Callable[[], nn.Module]
+    inputs: Callable[[], list[torch.Tensor]]
+
+
+CASES = [
+    Case("tuple_mlp", TupleMLP, lambda: [torch.randn(3, 4, requires_grad=True)]),
+    Case("list_out", ListOut, lambda: [torch.randn(2, 4), torch.randn(4, 4)]),
+    Case("mutations", BufferAndInputMutation, lambda: [torch.randn(2, 4, requires_grad=True), torch.zeros(2, 4)]),
+    Case("batchnorm", BatchNormNet, lambda: [torch.randn(2, 2, 5, 5)]),
+    Case("tied_weights", TiedWeights, lambda: [torch.randn(3, 4)]),
+]
+
+
+def _run(
+    compile_fn: Callable[..., Any], case: Case, *, boxed: bool
+) -> tuple[Any, list[torch.Tensor], list[torch.Tensor | None], list[torch.Tensor]]:
+    torch.manual_seed(0)
+    mod = case.module()
+    example = case.inputs()
+    forward = compile_fn(mod, example, nop)
+    torch.manual_seed(1)
+    args = case.inputs()
+    out = forward(list(args)) if boxed else forward(*args)
+    loss = sum(o.float().square().sum() for o in out if o.requires_grad)
+    if isinstance(loss, torch.Tensor):
+        loss.backward()
+    grads = [p.grad for p in mod.parameters()]
+    return out, [a.detach() for a in args], grads, [b.clone() for b in mod.buffers()]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_matches_torch(case: Case) -> None:
+    out, args, grads, buffers = _run(aot_module_simplified, case, boxed=True)
+    ref_out, ref_args, ref_grads, ref_buffers = _run(torch_simplified, case, boxed=False)
+    assert len(out) == len(ref_out)
+    for o, r in zip(out, ref_out, strict=True):
+        torch.testing.assert_close(o, r)
+    for a, r in zip(args, ref_args, strict=True):
+        torch.testing.assert_close(a, r)  # input mutations were applied the same way
+    for g, r in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(g, r)
+    for b, r in zip(buffers, ref_buffers, strict=True):
+        torch.testing.assert_close(b, r)
+
+
+def test_keeps_the_module_output_container() -> None:
+    x = torch.randn(3, 4)
+    assert type(aot_module_simplified(TupleMLP(), [x], nop)([x])) is tuple
+    assert type(aot_module_simplified(ListOut(), [x[:2], x[:1].expand(4, 4)], nop)([x[:2], x[:1]])) is list
+
+
+def test_forward_is_boxed_and_exposes_module_methods() -> None:
+    mod = TupleMLP()
+    x = torch.randn(3, 4)
+    forward = aot_module_simplified(mod, [x], nop)
+    assert getattr(forward, "_boxed_call", False) is True
+    args = [x]
+    forward(args)
+    assert args == [], "the boxed forward frees its argument list"
+    assert dict(forward.named_parameters()) == dict(mod.named_parameters())  # type: ignore[attr-defined]
+    assert list(forward.named_buffers()) == list(mod.named_buffers())  # type: ignore[attr-defined]
+    mod.a.weight.grad = torch.ones_like(mod.a.weight)
+    forward.zero_grad()  # type: ignore[attr-defined]
+    assert mod.a.weight.grad is None
+
+
+def test_non_sequence_output_is_a_clear_error() -> None:
+    with pytest.raises(RuntimeError, match="must return a tuple or a list"):
+        aot_module_simplified(nn.Linear(4, 4), [torch.randn(2, 4)], nop)
+
+
+def test_reuses_the_fake_mode_and_shape_env_of_fake_inputs() -> None:
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    fake_x = mode.from_tensor(torch.randn(3, 4))
+    seen: list[Any] = []
+
+    def spy(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        seen.extend(example_inputs)
+        return nop(gm, example_inputs)
+
+    mod = TupleMLP()
+    forward = aot_module_simplified(mod, [fake_x], spy)
+    user_input = seen[-1]
+    assert user_input.fake_mode is mode
+    assert isinstance(user_input.shape[0], torch.SymInt), "sizes stay symbolic"
+    for n in (2, 5):  # one graph serves every batch size
+        x = torch.randn(n, 4)
+        out = forward([x])
+        torch.testing.assert_close(out[0], mod(x)[0])
+
+
+def test_pre_grad_passes_rewrite_the_graph_first() -> None:
+    gm = torch.fx.symbolic_trace(TupleMLP())
+
+    def swap_tanh_for_relu(g: torch.fx.GraphModule, args: Any) -> torch.fx.GraphModule:
+        for node in g.graph.nodes:
+            if node.op == "call_method" and node.target == "tanh":
+                node.target = "relu"
+        g.recompile()
+        return g
+
+    x = torch.randn(3, 4)
+    out = aot_module_simplified(gm, [x], nop, pre_grad_passes=swap_tanh_for_relu)([x])
+    torch.testing.assert_close(out[1], gm.a(x).relu().sum(1))
+
+
+def test_no_dynamo_metadata_without_dynamo() -> None:
+    gm = torch.fx.symbolic_trace(TupleMLP())
+    assert dynamo_metadata(gm, dict(gm.named_parameters()).keys(), 5) == (None, [])
+
+
+def test_dynamo_metadata_from_a_dynamo_graph() -> None:
+    recorded: list[tuple[Any, list[int]]] = []
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        names = {
+            **dict(gm.named_parameters(remove_duplicate=False)),
+            **dict(gm.named_buffers(remove_duplicate=False)),
+        }
+        recorded.append(dynamo_metadata(gm, names.keys(), len(names) + len(example_inputs)))
+        forward = aot_module_simplified(gm, example_inputs, nop)
+        return lambda *args: forward(list(args))
+
+    torch._dynamo.reset()
+    mod = TupleMLP()
+    x = torch.randn(3, 4)
+    out = torch.compile(mod, backend=backend)(x)
+    torch.testing.assert_close(out[0], mod(x)[0])
+    ((sources, static),) = recorded
+    assert sources is not None
+    n_params = len(static)  # dynamo lifts nn.Module parameters as graph inputs; all static
+    assert all(s is not None for s in sources)
+    assert len(sources) >= 1 and n_params <= len(sources)
+    torch._dynamo.reset()
