@@ -185,7 +185,8 @@ def compile_flat(
     if trivial:
 
         def run_trivial(args: list[Any]) -> list[Any]:
-            return epilogue(args, call(args))
+            # a boxed compiled graph may clear the list it gets; the epilogue needs args
+            return epilogue(args, call(list(args)))
 
         return run_trivial, artifacts
 
