@@ -26,11 +26,13 @@ from aotkit_schemas import (
 )
 from aotkit_runtime import AutogradPlan, as_list_caller, make_autograd_function, make_epilogue
 from torch._dispatch.python import enable_python_dispatcher
+from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._capture import FlatFn, trace_inference, trace_joint
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
+from ._guards import ShapeGuard
 
 Runner = Callable[[list[Any]], list[Any]]
 
@@ -46,6 +48,9 @@ class CompiledArtifacts:
     inference_module: torch.fx.GraphModule | None = None
     joint_module: torch.fx.GraphModule | None = None
     partition: PartitionResult | None = None
+    # the ShapeEnv guards this entry is valid under (dynamic shapes, when aotkit made the
+    # ShapeEnv); see Note [Shape guards]
+    guard: ShapeGuard | None = None
 
 
 @contextlib.contextmanager
@@ -179,6 +184,11 @@ def compile_flat(
             call = _compile_training(traced_fn, fake, meta, cfg, artifacts)
         else:
             call = _compile_inference(traced_fn, fake, meta, cfg, artifacts)
+    if shape_env is not None and detect_fake_mode(list(flat_args)) is None:
+        # A ShapeEnv made for this compilation: guard the entry (See Note [Shape guards]).
+        # A fake mode that came with the inputs (dynamo's) belongs to a caller that guards.
+        n_static = _num_params_after_layout(layout, cfg.num_params_buffers)
+        artifacts.guard = ShapeGuard.build(shape_env, fake, range(n_static, len(fake)), layout)
     epilogue = make_epilogue(meta, relative)
     trivial = layout.is_trivial
 

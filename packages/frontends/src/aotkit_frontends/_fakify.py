@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 from torch._dynamo.source import ConstantSource
-from torch._guards import detect_fake_mode
+from torch._guards import TracingContext, detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -19,7 +19,8 @@ def construct_fake_mode(
     mode = detect_fake_mode(list(flat_args))
     if mode is not None:
         return mode, mode.shape_env
-    shape_env = ShapeEnv() if dynamic else None
+    # No duck sizing: See Note [Shape guards].
+    shape_env = ShapeEnv(duck_shape=False) if dynamic else None
     return FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=False), shape_env
 
 
@@ -49,15 +50,36 @@ def fakify_inputs(
                     )
                 out.append(x)
             elif isinstance(x, torch.Tensor):
-                static = shape_env is None or (idx < num_params_buffers and static_weight_shapes)
-                out.append(fake_mode.from_tensor(x, static_shapes=static))
+                out.append(
+                    _fakify_tensor(
+                        x, fake_mode, shape_env,
+                        param=idx < num_params_buffers and static_weight_shapes,
+                    )
+                )
             elif isinstance(x, int) and not isinstance(x, bool) and shape_env is not None and not is_export:
                 source = ConstantSource(f"sym_{idx}")
                 out.append(
                     shape_env.create_symintnode(
-                        shape_env.create_symbol(x, source), hint=x, source=source
+                        shape_env.create_symbol(x, source, positive=x >= 0),
+                        hint=x,
+                        source=source,
                     )
                 )
             else:
                 out.append(x)
     return out
+
+
+def _fakify_tensor(
+    x: torch.Tensor, fake_mode: FakeTensorMode, shape_env: ShapeEnv | None, *, param: bool
+) -> FakeTensor:
+    """A real tensor as a fake one. Under dynamo, a tensor dynamo already fakified keeps
+    the symbols (and sources) dynamo gave it, so that dynamo's guards cover our trace."""
+    tracing = TracingContext.try_get()
+    contexts: Any = tracing.tensor_to_context if tracing is not None else {}
+    if x in contexts:
+        context = contexts[x]
+        return fake_mode.from_tensor(
+            x, symbolic_context=context, source=context.tensor_source, trace=False
+        )
+    return fake_mode.from_tensor(x, static_shapes=shape_env is None or param)
