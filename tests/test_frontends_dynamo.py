@@ -144,3 +144,35 @@ def test_dynamic_shapes_recompile_symbolically() -> None:
     for n in (3, 5, 7):
         x = torch.randn(n, 2)
         torch.testing.assert_close(compiled(x), f(x))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not inductor_available(), reason=str(inductor_unavailable_reason()))
+def test_aotkit_inductor_inference_with_input_mutation() -> None:
+    # Inductor's boxed graphs clear their argument list; the runtime epilogue that applies
+    # the mutation to `buf` must still see the inputs.
+    def f(x: torch.Tensor, buf: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        buf.add_(1)
+        return x * buf, x.view(-1)
+
+    x, buf, ref_buf = torch.randn(2, 2), torch.zeros(2, 2), torch.zeros(2, 2)
+    with torch.no_grad():
+        out = torch.compile(f, backend="aotkit_inductor")(x, buf)
+    ref = f(x, ref_buf)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(buf, ref_buf)
+    assert out[1]._base is x, "an output aliasing an input is a real view of it"
+
+
+def test_mem_efficient_fusion_kwargs_backend_matches_eager() -> None:
+    from aotkit_frontends import mem_efficient_fusion_kwargs
+
+    torch.manual_seed(0)
+    model = _mlp()
+    x = torch.randn(4, 8)
+    out = torch.compile(model, backend=aot_autograd(**mem_efficient_fusion_kwargs(use_decomps=True)))(x)
+    out.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad()
+    model(x).sum().backward()
+    torch.testing.assert_close(grads, [p.grad for p in model.parameters()])
