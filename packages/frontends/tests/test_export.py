@@ -316,6 +316,32 @@ def test_assigned_attribute_is_restored_and_error_is_also_a_value_error() -> Non
     assert mod.cache is None and mod.calls == 0
 
 
+def test_submodule_and_container_assignments_are_all_reported() -> None:
+    class Inner(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.history: list[torch.Tensor] = []
+            self.note = "kept"
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            self.history.append(x * 2)
+            self.note = "changed"
+            return x.sum()
+
+    class Outer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (self.inner(x),)
+
+    mod = Outer()
+    with pytest.raises(TensorAttributeAssignedError, match=r"self\.inner\.history\[0\]"):
+        aot_export_module(mod, (torch.randn(3),), trace_joint=False)
+    assert mod.inner.history == [] and mod.inner.note == "kept"
+
+
 def test_tied_weights_are_rejected_as_duplicate_inputs() -> None:
     class Tied(nn.Module):
         def __init__(self) -> None:
