@@ -1,9 +1,10 @@
 """Check that every workspace package installs, imports and tests on its own.
 
 For each ``packages/<area>`` this creates a fresh virtual environment (``uv venv``), installs
-into it the package itself, the workspace packages it declares (transitively, read from the
-``pyproject.toml`` files) and pytest, all as built wheels with ``--no-sources``, so that an
-undeclared dependency on a sibling package cannot be satisfied by accident. Versions of
+into it the package itself with all its extras, the workspace packages it declares
+(transitively, read from the ``pyproject.toml`` files) and pytest, all as built wheels with
+``--no-sources``, so that an undeclared dependency on a sibling package cannot be satisfied
+by accident. Versions of
 third-party packages are pinned to ``uv.lock`` (exported as constraints), and uv's cache
 makes the torch install a matter of seconds. Then it
 
@@ -67,6 +68,13 @@ class Package:
     import_name: str
     # workspace distributions this one declares directly
     workspace_deps: tuple[str, ...]
+    # names of its optional-dependency groups ([project.optional-dependencies])
+    extras: tuple[str, ...] = ()
+
+    def requirement(self, with_extras: bool) -> str:
+        """A PEP 508 direct reference to the package's directory, optionally with all extras."""
+        extras = f"[{','.join(self.extras)}]" if with_extras and self.extras else ""
+        return f"{self.dist}{extras} @ {self.path.as_uri()}"
 
 
 @dataclass
@@ -98,6 +106,7 @@ def discover_packages() -> dict[str, Package]:
             dist=dist,
             import_name=import_name_of(path, data),
             workspace_deps=tuple(d for d in deps if d in raw),
+            extras=tuple(sorted(data["project"].get("optional-dependencies", {}))),
         )
     return packages
 
@@ -221,7 +230,10 @@ def check_package(
     extras = ["pytest", *test_extras(tests_dir)] if has_tests else []
     closure = workspace_closure(package.dist, packages)
     install: list[str | Path] = [uv, "pip", "install", "-q", "--python", python, "--no-sources"]
-    install += ["-c", constraints, *(p.path for p in closure), *extras]
+    # the package under test with all its extras (its tests may exercise them), its
+    # workspace dependencies as plain requirements
+    requirements = [p.requirement(with_extras=p is package) for p in closure]
+    install += ["-c", constraints, *requirements, *extras]
     code, _ = run(install, result, cwd=work_dir, timeout=900)
     result.timings["install"] = time.perf_counter() - start
     if code != 0:

@@ -1,4 +1,4 @@
-"""A conformance suite for graph compilers (needs pytest).
+"""A conformance suite for graph compilers (needs pytest: the ``testing`` extra).
 
 Subclass ``CompilerConformance`` in a test module, provide a ``compiler`` fixture, and
 every check below runs against your compiler::
