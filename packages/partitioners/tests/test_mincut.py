@@ -114,7 +114,5 @@ def test_flow_problem_bans() -> None:
     problem = build_problem(info)
     reasons = {n.target: r for n, r in problem.banned.items() if n.op == "call_function"}
     assert reasons[aten.convolution.default] == "compute intensive"
-    assert all(
-        r is not None for n, r in problem.banned.items() if n.op == "placeholder"
-    )
+    assert all(r is not None for n, r in problem.banned.items() if n.op == "placeholder")
     assert not any(n.target is operator.getitem for n in problem.banned)

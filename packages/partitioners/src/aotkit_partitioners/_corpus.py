@@ -62,7 +62,9 @@ def _dropout(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.dropout(F.relu(x @ w), 0.5, training=True) * x.sum()
 
 
-def _conv_bn(x: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+def _conv_bn(
+    x: torch.Tensor, w: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
     h = F.conv2d(x, w, padding=1)
     h = F.batch_norm(h, None, None, gamma, beta, training=True)
     return F.relu(h).mean((2, 3))
@@ -76,7 +78,13 @@ def _symbolic(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
 
 CASES: dict[str, JointCase] = {
     "mlp": JointCase(
-        _mlp, lambda s: (_t(6, 8, seed=s), _t(16, 8, seed=s), _t(16, grad=False, seed=s), _t(4, 16, seed=s))
+        _mlp,
+        lambda s: (
+            _t(6, 8, seed=s),
+            _t(16, 8, seed=s),
+            _t(16, grad=False, seed=s),
+            _t(4, 16, seed=s),
+        ),
     ),
     "two_outputs": JointCase(_two_outputs, lambda s: (_t(5, 5, seed=s), _t(5, 5, seed=s))),
     "pointwise_chain": JointCase(_pointwise_chain, lambda s: (_t(8, 8, seed=s),)),
@@ -84,7 +92,8 @@ CASES: dict[str, JointCase] = {
     "views": JointCase(_views, lambda s: (_t(4, 16, seed=s), _t(2, 8, seed=s))),
     "dropout": JointCase(_dropout, lambda s: (_t(6, 6, seed=s), _t(6, 6, seed=s))),
     "conv_bn": JointCase(
-        _conv_bn, lambda s: (_t(2, 3, 6, 6, seed=s), _t(4, 3, 3, 3, seed=s), _t(4, seed=s), _t(4, seed=s))
+        _conv_bn,
+        lambda s: (_t(2, 3, 6, 6, seed=s), _t(4, 3, 3, 3, seed=s), _t(4, seed=s), _t(4, seed=s)),
     ),
     "symbolic": JointCase(
         _symbolic,

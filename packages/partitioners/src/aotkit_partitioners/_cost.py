@@ -80,7 +80,8 @@ def node_flops(node: torch.fx.Node) -> int:
         if formula is not None:
             try:
                 flops = formula(
-                    *_val(node.args), **{k: _val(v) for k, v in node.kwargs.items()},
+                    *_val(node.args),
+                    **{k: _val(v) for k, v in node.kwargs.items()},
                     out_val=node.meta.get("val"),
                 )
                 return _hint(flops)

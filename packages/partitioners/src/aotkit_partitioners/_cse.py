@@ -20,21 +20,26 @@ class _Unhashable(Exception):
 
 
 def _freeze(arg: Any, rep: dict[torch.fx.Node, torch.fx.Node]) -> Hashable:
-    if isinstance(arg, torch.fx.Node):
-        return rep.get(arg, arg)
-    if isinstance(arg, (list, tuple)):
-        return (type(arg).__name__, *(_freeze(a, rep) for a in arg))
-    if isinstance(arg, float):
+    """A hashable key for an FX argument; scalars keep their type (``1`` vs ``True``)."""
+    kind = type(arg)
+    if kind is torch.fx.Node:
+        node: torch.fx.Node = rep.get(arg, arg)
+        return node
+    if kind is tuple or kind is list:
+        return (kind, *[_freeze(a, rep) for a in arg])
+    if kind is int or kind is bool or kind is str or arg is None:
+        return (kind, arg)
+    if kind is float:
         # repr keeps 0.0 and -0.0 apart; NaN never equals itself, so never merge it
         if math.isnan(arg):
             raise _Unhashable
-        return ("float", repr(arg))
+        return (kind, repr(arg))
     if isinstance(arg, _ATOMS):
-        return (type(arg).__name__, arg)
+        return (kind, arg)
     if isinstance(arg, dict):
-        return ("dict", *((k, _freeze(v, rep)) for k, v in sorted(arg.items())))
+        return (dict, *((k, _freeze(v, rep)) for k, v in sorted(arg.items())))
     if isinstance(arg, slice):
-        return ("slice", _freeze((arg.start, arg.stop, arg.step), rep))
+        return (slice, _freeze((arg.start, arg.stop, arg.step), rep))
     raise _Unhashable
 
 

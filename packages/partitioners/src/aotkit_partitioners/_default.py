@@ -29,9 +29,7 @@ def forward_region(info: JointInfo) -> set[torch.fx.Node]:
             if n.meta.get("partitioner_tag") == "is_forward" or is_primal(n)
         ]
     else:
-        marks = [info.order[n] for n in info.fw_required] + [
-            info.order[p] for p in info.primals
-        ]
+        marks = [info.order[n] for n in info.fw_required] + [info.order[p] for p in info.primals]
     last = max(marks, default=-1)
     region = {
         n
@@ -66,8 +64,7 @@ def default_partition(
     saved = [
         node
         for node in info.nodes
-        if node in fw_nodes
-        and any(u in info.bw_required and u not in fw_nodes for u in node.users)
+        if node in fw_nodes and any(u in info.bw_required and u not in fw_nodes for u in node.users)
     ]
     bw_allowed = set(info.nodes) - fw_nodes
     return build_modules(

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_schemas import is_sym_node
+from torch.fx._lazy_graph_module import _make_graph_module
 from torch.fx.experimental.symbolic_shapes import free_symbols, is_symbol_binding_fx_node
 
 from ._joint import JointInfo, ancestors, has_side_effect, nodes_of, sorted_nodes, unique
@@ -171,8 +172,10 @@ def build_modules(
     for node in bw_graph.nodes:
         if node.op in ("call_function", "get_attr"):
             node.meta["autograd_backward"] = True
-    fw = torch.fx.GraphModule(info.root, fw_graph, class_name="ForwardGraph")
-    bw = torch.fx.GraphModule(info.root, bw_graph, class_name="BackwardGraph")
+    # Like torch's partitioners: lazy modules (code generated on first call) when torch's
+    # _use_lazy_graph_module flag is set, as torch.compile does; ordinary ones otherwise.
+    fw = _make_graph_module(info.root, fw_graph, class_name="ForwardGraph")
+    bw = _make_graph_module(info.root, bw_graph, class_name="BackwardGraph")
     fw.meta = dict(info.root.meta)
     bw.meta = dict(info.root.meta)
     return fw, bw

@@ -33,9 +33,7 @@ _BACKWARD_PLACEHOLDER_PREFIXES = ("tangents", "bwd_seed", "bwd_base_offset")
 
 def is_tangent(node: torch.fx.Node) -> bool:
     """A placeholder fed to the backward graph (a tangent or a backward RNG seed)."""
-    return node.op == "placeholder" and str(node.target).startswith(
-        _BACKWARD_PLACEHOLDER_PREFIXES
-    )
+    return node.op == "placeholder" and str(node.target).startswith(_BACKWARD_PLACEHOLDER_PREFIXES)
 
 
 def is_primal(node: torch.fx.Node) -> bool:
@@ -87,7 +85,8 @@ def nodes_of(values: Iterable[Any]) -> list[torch.fx.Node]:
 
 
 def ancestors(
-    roots: Iterable[torch.fx.Node], stop: frozenset[torch.fx.Node] | set[torch.fx.Node] = frozenset()
+    roots: Iterable[torch.fx.Node],
+    stop: frozenset[torch.fx.Node] | set[torch.fx.Node] = frozenset(),
 ) -> set[torch.fx.Node]:
     """All nodes reachable from ``roots`` through inputs; ``stop`` nodes are not expanded."""
     seen: set[torch.fx.Node] = set()

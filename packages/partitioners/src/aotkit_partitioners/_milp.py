@@ -90,15 +90,25 @@ def solve_budget_milp(problem: CutProblem, target: int) -> list[torch.fx.Node] |
     # Stage 1: fewest recompute FLOPs, i.e. maximise sum(flops_i * a_i).
     cost1 = np.zeros(3 * n)
     cost1[a : a + n] = -flops
-    res1 = milp(cost1, constraints=[structure, budget], integrality=integrality,
-                bounds=bounds, options=options)
+    res1 = milp(
+        cost1,
+        constraints=[structure, budget],
+        integrality=integrality,
+        bounds=bounds,
+        options=options,
+    )
     if res1.status != 0 or res1.x is None:
         return None
     best = float(-cost1 @ res1.x)
     # Stage 2: among those, fewest bytes.
     keep = LinearConstraint(-cost1[None, :], best - 1e-9 * max(best, 1.0), np.inf)
-    res2 = milp(bytes_row / max(float(target), 1.0), constraints=[structure, budget, keep],
-                integrality=integrality, bounds=bounds, options=options)
+    res2 = milp(
+        bytes_row / max(float(target), 1.0),
+        constraints=[structure, budget, keep],
+        integrality=integrality,
+        bounds=bounds,
+        options=options,
+    )
     x = res2.x if res2.status == 0 and res2.x is not None else res1.x
     return [
         node

@@ -128,54 +128,104 @@ def solve(
 
     ``allow_recompute`` lifts the ban on those nodes (never a ban in ``HARD_BANS``);
     ``forbid_recompute`` bans more. The memory-budget partitioner uses both.
+    See Note [Min-cut flow graph] for the graph and Note [Flow graph pruning] for what is
+    left out of it.
     """
     cands = problem.candidates
     if not cands:
         return []
     index = {n: i for i, n in enumerate(cands)}
-    max_dist = max(problem.dist.values())
-    scale = (max_dist + 2) * (len(cands) + 1)
+    scale = (max(problem.dist.values()) + 2) * (len(cands) + 1)
     allowed = set(allow_recompute)
     forbidden = set(forbid_recompute)
-    g: nx.DiGraph = nx.DiGraph()
-    edges: list[tuple[int, int, dict[str, Any]]] = []
-    inf: dict[str, Any] = {}
-    banned_flags: list[bool] = []
+    demanded = problem.demanded
+    # (tail, head, capacity or None for infinite)
+    edges: list[tuple[int, int, int | None]] = []
+    banned = [False] * len(cands)
+    forced: set[int] = set()
     for i, n in enumerate(cands):
         reason = problem.banned.get(n)
-        is_banned = n in forbidden or (
-            reason is not None
-            and (n not in allowed or reason in HARD_BANS)
+        banned[i] = n in forbidden or (
+            reason is not None and (n not in allowed or reason in HARD_BANS)
         )
         size = problem.nbytes[n]
-        banned_flags.append(is_banned)
-        head = _SOURCE if is_banned else 2 * i
-        if size is None:
-            edges.append((head, 2 * i + 1, inf))
-        else:
-            tiebreak = 0 if is_primal(n) else problem.dist[n] + 1
-            edges.append((head, 2 * i + 1, {"capacity": size * scale + tiebreak}))
-        if not is_banned:
+        cap = None if size is None else size * scale + (0 if is_primal(n) else problem.dist[n] + 1)
+        if banned[i] and n in demanded:
+            if cap is None:
+                raise PartitionError(
+                    f"{n.name} is needed by the backward but can be neither saved nor recomputed"
+                )
+            forced.add(i)
+            continue
+        edges.append((_SOURCE if banned[i] else 2 * i, 2 * i + 1, cap))
+        if not banned[i]:
             for a in n.all_input_nodes:
-                edges.append((2 * index[a] + 1, 2 * i, inf))
-        if n in problem.demanded:
-            edges.append((2 * i + 1, _SINK, inf))
-    g.add_edges_from(edges)
-    try:
-        _, (reachable, _) = nx.minimum_cut(
-            g, _SOURCE, _SINK, flow_func=nx.algorithms.flow.boykov_kolmogorov
+                j = index[a]
+                if j not in forced and cands[j] not in demanded:
+                    edges.append((2 * j + 1, 2 * i, None))
+        if n in demanded:
+            edges.append((2 * i + 1, _SINK, None))
+    kept = _prune(edges)
+    source_side: set[int] = set()
+    if kept:
+        g: nx.DiGraph = nx.DiGraph()
+        g.add_edges_from((u, v, {} if cap is None else {"capacity": cap}) for u, v, cap in kept)
+        try:
+            _, (reachable, _) = nx.minimum_cut(
+                g, _SOURCE, _SINK, flow_func=nx.algorithms.flow.boykov_kolmogorov
+            )
+        except nx.NetworkXUnbounded as e:
+            raise PartitionError(
+                "no finite cut: some value the backward needs can be neither saved nor recomputed"
+            ) from e
+        source_side = set(reachable)
+        in_graph = set(g)
+    else:
+        in_graph = set()
+    return [
+        n
+        for i, n in enumerate(cands)
+        if i in forced
+        or (
+            2 * i + 1 in in_graph
+            and 2 * i + 1 not in source_side
+            and (banned[i] or 2 * i in source_side)
         )
-    except nx.NetworkXUnbounded as e:
-        raise PartitionError(
-            "no finite cut: some value the backward needs can be neither saved nor "
-            "recomputed"
-        ) from e
-    saved = []
-    for i, n in enumerate(cands):
-        out_v = 2 * i + 1
-        if (banned_flags[i] or 2 * i in reachable) and out_v not in reachable:
-            saved.append(n)
-    return saved
+    ]
+
+
+# Note [Flow graph pruning]
+# The max-flow runs on as small a graph as possible; dropping these parts does not change
+# the minimum cut:
+# * a banned node the backward reads directly must be saved (its ``out`` vertex is joined
+#   to both terminals); it is saved without entering the graph, and edges out of it vanish;
+# * a demanded node's ``out`` vertex is on the sink side, so edges leaving it never cross
+#   the cut: only its edge to the sink is kept;
+# * a vertex the source cannot reach, or that cannot reach the sink, carries no flow.
+
+
+def _prune(edges: list[tuple[int, int, int | None]]) -> list[tuple[int, int, int | None]]:
+    """Keep the edges on some source-to-sink path. See Note [Flow graph pruning]."""
+    succ: dict[int, list[int]] = {}
+    pred: dict[int, list[int]] = {}
+    for u, v, _ in edges:
+        succ.setdefault(u, []).append(v)
+        pred.setdefault(v, []).append(u)
+
+    def reach(start: int, adj: dict[int, list[int]]) -> set[int]:
+        seen = {start}
+        stack = [start]
+        while stack:
+            for w in adj.get(stack.pop(), ()):
+                if w not in seen:
+                    seen.add(w)
+                    stack.append(w)
+        return seen
+
+    live = reach(_SOURCE, succ) & reach(_SINK, pred)
+    if _SINK not in live:
+        return []
+    return [e for e in edges if e[0] in live and e[1] in live]
 
 
 def _backward_dependencies(graph: torch.fx.Graph, num_fwd_outputs: int) -> set[torch.fx.Node]:

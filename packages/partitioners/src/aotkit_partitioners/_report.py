@@ -90,9 +90,7 @@ def partition_report(
     result = PartitionResult.from_modules(fw_module, bw_module, num_fwd_outputs)
     fw_nodes = {n.name: n for n in fw_module.graph.nodes}
     saved = graph_outputs(fw_module)[num_fwd_outputs:]
-    tensors = tuple(
-        (v.name, node_bytes(v)) for v in saved[: result.num_saved_tensors]
-    )
+    tensors = tuple((v.name, node_bytes(v)) for v in saved[: result.num_saved_tensors])
     forward_work: set[str] | None = None
     num_joint = None
     if joint is not None:

@@ -78,7 +78,11 @@ def _assert_same(got: Sequence[Any], want: Sequence[Any]) -> None:
             assert g is None and w is None, f"output {i}: {g!r} where the joint returns {w!r}"
             continue
         torch.testing.assert_close(
-            g, w, rtol=_RTOL, atol=_ATOL, msg=lambda m, i=i: f"output {i}: {m}"  # type: ignore[misc]
+            g,
+            w,
+            rtol=_RTOL,
+            atol=_ATOL,
+            msg=lambda m, i=i: f"output {i}: {m}",  # type: ignore[misc]
         )
 
 
