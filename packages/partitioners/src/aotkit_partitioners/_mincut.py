@@ -143,6 +143,9 @@ def solve(
     edges: list[tuple[int, int, int | None]] = []
     banned = [False] * len(cands)
     forced: set[int] = set()
+    # the vertex standing for each candidate's ``in`` side; None: known to be on the sink side
+    in_v: list[int | None] = [None] * len(cands)
+    sink_side_out = set()  # candidates whose ``out`` vertex is on the sink side
     for i, n in enumerate(cands):
         reason = problem.banned.get(n)
         banned[i] = n in forbidden or (
@@ -150,19 +153,31 @@ def solve(
         )
         size = problem.nbytes[n]
         cap = None if size is None else size * scale + (0 if is_primal(n) else problem.dist[n] + 1)
-        if banned[i] and n in demanded:
-            if cap is None:
-                raise PartitionError(
-                    f"{n.name} is needed by the backward but can be neither saved nor recomputed"
-                )
-            forced.add(i)
-            continue
-        edges.append((_SOURCE if banned[i] else 2 * i, 2 * i + 1, cap))
-        if not banned[i]:
-            for a in n.all_input_nodes:
+        if n in demanded:
+            sink_side_out.add(i)
+            if banned[i]:
+                if cap is None:
+                    raise PartitionError(
+                        f"{n.name} is needed by the backward but can be neither saved nor "
+                        "recomputed"
+                    )
+                forced.add(i)
+                continue
+        inputs = n.all_input_nodes
+        if banned[i]:
+            in_v[i] = _SOURCE
+        elif len(inputs) == 1:
+            j = index[inputs[0]]
+            in_v[i] = None if j in sink_side_out else 2 * j + 1
+        else:
+            in_v[i] = 2 * i
+            for a in inputs:
                 j = index[a]
-                if j not in forced and cands[j] not in demanded:
+                if j not in sink_side_out:
                     edges.append((2 * j + 1, 2 * i, None))
+        head = in_v[i]
+        if head is not None:
+            edges.append((head, 2 * i + 1, cap))
         if n in demanded:
             edges.append((2 * i + 1, _SINK, None))
     kept = _prune(edges)
@@ -189,7 +204,7 @@ def solve(
         or (
             2 * i + 1 in in_graph
             and 2 * i + 1 not in source_side
-            and (banned[i] or 2 * i in source_side)
+            and (banned[i] or in_v[i] in source_side)
         )
     ]
 
@@ -201,6 +216,9 @@ def solve(
 #   to both terminals); it is saved without entering the graph, and edges out of it vanish;
 # * a demanded node's ``out`` vertex is on the sink side, so edges leaving it never cross
 #   the cut: only its edge to the sink is kept;
+# * a recomputable node with a single input ``a`` needs no ``in`` vertex: ``a_out -> u_in``
+#   is infinite, so ``u_in`` is always on ``a_out``'s side; its capacity edge starts at
+#   ``a_out`` instead (views and unary pointwise ops, most of the graph, lose a vertex);
 # * a vertex the source cannot reach, or that cannot reach the sink, carries no flow.
 
 
