@@ -9,6 +9,7 @@
 #   3. lint-imports                  the import-linter contracts in pyproject
 #   4. isolated installs             tools/check_isolated_installs.py: each package alone in a
 #                                    fresh venv, imported, its fast tests run
+#                                    (AOTKIT_ISOLATED_TESTS=fast|all|none picks which tests)
 #
 # Steps 1-4 all run even when one fails; the last line sums them up and the exit status is
 # non-zero if any failed. Extra arguments go to pytest (step 1), e.g. -k or -x.
@@ -66,7 +67,8 @@ test_paths=(packages)
 step "pytest" uv run --locked python -m pytest -n 2 "${test_paths[@]}" "$@"
 step "mypy" uv run --locked mypy packages/ tools/check_isolated_installs.py
 step "import-linter" uv run --locked lint-imports
-step "isolated-installs" uv run --locked python tools/check_isolated_installs.py
+step "isolated-installs" uv run --locked python tools/check_isolated_installs.py \
+    --tests "${AOTKIT_ISOLATED_TESTS:-fast}"
 
 echo
 echo "=== summary (total $((SECONDS - total_start)) s)"
