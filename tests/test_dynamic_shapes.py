@@ -335,6 +335,21 @@ def test_static_path_is_unchanged() -> None:
     assert all(e[2].guard is None for e in compiled._aotkit_cache.entries)  # type: ignore[attr-defined]
 
 
+def test_guards_added_by_the_compiler_are_kept() -> None:
+    """A compiler may specialize too (inductor bounds reduction sizes, for example): guards
+    are collected after the compilers ran, so the entry is guarded by those as well."""
+
+    def small_batches_only(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        x = next(a for a in example_inputs if isinstance(a, torch.Tensor) and a.dim() == 3)
+        bool(x.shape[0] < 100)  # records the guard s0 < 100 (or s0 >= 100)
+        return nop(gm, example_inputs)
+
+    compiled = aot_function(flatten_rows_then_mean, small_batches_only, nop, dynamic=True)
+    for n in (3, 8, 150, 5, 200):
+        check_call(compiled, flatten_rows_then_mean, (_rand(n, 3, 4),))
+    assert len(compiled._aotkit_cache.entries) == 2  # type: ignore[attr-defined]
+
+
 # ---- property: any sequence of sizes -----------------------------------------------------
 
 
