@@ -172,7 +172,7 @@ def run(cmd: Sequence[str | Path], result: Result, *, cwd: Path, timeout: float)
 
     A command that times out counts as exit code -1.
     """
-    shown = " ".join(str(c) for c in cmd)
+    shown = " ".join("<script>" if "\n" in str(c) else str(c) for c in cmd)
     try:
         proc = subprocess.run(
             [str(c) for c in cmd],
