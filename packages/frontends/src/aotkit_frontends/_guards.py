@@ -30,9 +30,11 @@
 #   2. the entry's ``ShapeGuard``, built once after compilation with
 #      ``ShapeEnv.produce_guards`` over the symbolic placeholders (``ignore_static=False``,
 #      so that sizes that came out static, e.g. by 0/1 specialization, are checked too),
-#      is evaluated on the new inputs. Several entries may share a key; the first whose
-#      guard passes runs, and when none does, the function is traced again for the new
+#      is evaluated on the new inputs. Several entries may share a key; the newest whose
+#      guards pass runs, and when none does, the function is traced again for the new
 #      inputs and a new entry is added.
+# The guards are compiled once into one Python lambda, so a call costs the key plus one
+# comparison per guard (a few microseconds for a handful of dynamic inputs).
 """
 
 from __future__ import annotations
