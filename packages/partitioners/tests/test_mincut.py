@@ -116,3 +116,17 @@ def test_flow_problem_bans() -> None:
     assert reasons[aten.convolution.default] == "compute intensive"
     assert all(r is not None for n, r in problem.banned.items() if n.op == "placeholder")
     assert not any(n.target is operator.getitem for n in problem.banned)
+
+
+def test_input_mutated_by_epilogue_is_never_saved() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x.sin() * w).sum()
+
+    traced = make_joint(f, (torch.randn(6, requires_grad=True), torch.randn(6, requires_grad=True)))
+    fw, bw = min_cut_rematerialization_partition(traced.gm, traced.inputs, num_fwd_outputs=1)
+    assert "primals_1" in dict(partition_report(fw, bw, 1).saved_tensors)
+    marked = copy.deepcopy(traced.gm)
+    marked.graph.find_nodes(op="placeholder")[0].meta["aot_runtime_epilogue_input_mutation"] = True
+    fw, bw = min_cut_rematerialization_partition(marked, traced.inputs, num_fwd_outputs=1)
+    assert "primals_1" not in dict(partition_report(fw, bw, 1).saved_tensors)
+    torch.testing.assert_close(run_partition(fw, bw, 1, traced.inputs, 2), run_joint(traced))

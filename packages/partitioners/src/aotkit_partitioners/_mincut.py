@@ -17,7 +17,8 @@
 # Cost model (capacities are ints, so the cut is exact):
 #   capacity(u) = bytes(u) * SCALE + tiebreak(u)
 # bytes come from meta['val'] (symbolic sizes use their hints; a symint costs 1 byte; a
-# static-lifetime input costs 0, it is alive anyway). ``SCALE`` exceeds the sum of all
+# static-lifetime input costs 0, it is alive anyway; a tuple, a non-tensor or an input the
+# runtime mutates after the forward cannot be saved). ``SCALE`` exceeds the sum of all
 # tiebreaks, so the cut first minimises bytes and only among equal-byte cuts prefers the
 # one saving values closest to the backward (tiebreak = 1 + hops to the nearest backward
 # reader; 0 for graph inputs), i.e. the one recomputing least.
@@ -42,6 +43,12 @@ from ._ops import ban_reason, mutated_readers
 
 _SOURCE = -1
 _SINK = -2
+
+# Set (True) on a primal placeholder whose data the runtime mutates after the forward (an
+# input mutation copied back in the epilogue): saving it would hand the backward the
+# mutated tensor (and trips autograd's version check), so it is never saved. Same key as
+# torch's partitioners.
+EPILOGUE_MUTATION_KEY = "aot_runtime_epilogue_input_mutation"
 
 # Ban reasons no caller may lift: recomputing would change the result or is impossible.
 HARD_BANS = frozenset(
@@ -94,7 +101,7 @@ def build_problem(
                 banned[n] = reason
         if is_sym_node(n):
             nbytes[n] = SYMINT_BYTES
-        elif is_tuple_node(n) or not _is_tensor(n):
+        elif is_tuple_node(n) or not _is_tensor(n) or n.meta.get(EPILOGUE_MUTATION_KEY):
             nbytes[n] = None
         else:
             nbytes[n] = 0 if n in static else node_bytes(n)
