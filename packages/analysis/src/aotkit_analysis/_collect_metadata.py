@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 from aotkit_functional import (
+    EagerInplaceChecks,
     from_functional,
     functionalized,
     has_data_mutation,
@@ -78,8 +79,14 @@ def collect_metadata(
     keep_input_mutations: bool,
     is_train: bool,
     static_input_indices: Sequence[int] = (),
+    eager_leaf_checks: bool = True,
 ) -> tuple[ViewAndMutationMeta, list[Any]]:
     """Run ``flat_fn`` functionalized on (fake) ``flat_args``; return its metadata.
+
+    In-place ops eager rejects raise here with eager's message (See Note [In-place errors
+    eager raises and functionalization hides]); ``eager_leaf_checks=False`` skips the
+    check for leaves that require grad, for callers (export) that reject every mutation
+    of an input that requires grad with their own error.
 
     Also returns the forward graph outputs as plain (fake) tensors, in the order of
     Note [Forward graph calling convention], for callers that need example outputs.
@@ -96,43 +103,57 @@ def collect_metadata(
 
     with functionalized(keep_input_mutations=keep_input_mutations):
         f_args = [wrap(a) for a in flat_args]
-        f_outs = list(flat_fn(*f_args))
+        leaves = [
+            fa
+            for a, fa in zip(flat_args, f_args, strict=True)
+            if eager_leaf_checks and isinstance(a, torch.Tensor) and a.is_leaf and a.requires_grad
+        ]
+        # See Note [In-place errors eager raises and functionalization hides]
+        with EagerInplaceChecks(leaves):
+            f_outs = list(flat_fn(*f_args))
+        grad_after = torch.is_grad_enabled()
+        # Everything below stays inside the mode: reading ``grad_fn`` of a view whose base
+        # was mutated regenerates the view, which dispatches on FunctionalTensors.
+        input_info = [
+            _input_info(a, fa, keep_input_mutations=keep_input_mutations)
+            for a, fa in zip(flat_args, f_args, strict=True)
+        ]
+        output_info, intermediate_bases = _classify_outputs(f_args, f_outs)
+
+        tangent_sources: list[torch.Tensor] = []
+        for fa, info in zip(f_args, input_info, strict=True):
+            if (
+                info.mutation_type is MutationType.MUTATED_OUT_GRAPH
+                and info.mutates_data
+                and info.requires_grad
+            ):
+                tangent_sources.append(fa)
+        for o, oinfo in zip(f_outs, output_info, strict=True):
+            if (
+                oinfo.output_type
+                in (
+                    OutputType.non_alias,
+                    OutputType.unsafe_view_alias,
+                    OutputType.custom_function_view,
+                )
+                and isinstance(o, torch.Tensor)
+                and oinfo.requires_grad_for_backward
+            ):
+                tangent_sources.append(o)
+        tangent_sources.extend(intermediate_bases)
+        plain_tangent_sources = [from_functional(t) for t in tangent_sources]
+
+        mutated = [
+            fa
+            for fa, info in zip(f_args, input_info, strict=True)
+            if info.mutation_type is MutationType.MUTATED_OUT_GRAPH
+        ]
+        fw_outs = [from_functional(t) for t in (*mutated, *f_outs, *intermediate_bases)]
     grad_enabled_mutation: bool | None = None
-    if torch.is_grad_enabled() != prior_grad:
-        grad_enabled_mutation = torch.is_grad_enabled()
+    if grad_after != prior_grad:
+        grad_enabled_mutation = grad_after
         torch.set_grad_enabled(prior_grad)
-
-    input_info = [
-        _input_info(a, fa, keep_input_mutations=keep_input_mutations)
-        for a, fa in zip(flat_args, f_args, strict=True)
-    ]
-    output_info, intermediate_bases = _classify_outputs(f_args, f_outs)
-
-    tangent_sources: list[torch.Tensor] = []
-    for fa, info in zip(f_args, input_info, strict=True):
-        if (
-            info.mutation_type is MutationType.MUTATED_OUT_GRAPH
-            and info.mutates_data
-            and info.requires_grad
-        ):
-            tangent_sources.append(fa)
-    for o, oinfo in zip(f_outs, output_info, strict=True):
-        if (
-            oinfo.output_type
-            in (OutputType.non_alias, OutputType.unsafe_view_alias, OutputType.custom_function_view)
-            and isinstance(o, torch.Tensor)
-            and oinfo.requires_grad_for_backward
-        ):
-            tangent_sources.append(o)
-    tangent_sources.extend(intermediate_bases)
-    traced_tangents = [_tangent_like(from_functional(t)) for t in tangent_sources]
-
-    mutated = [
-        fa
-        for fa, info in zip(f_args, input_info, strict=True)
-        if info.mutation_type is MutationType.MUTATED_OUT_GRAPH
-    ]
-    fw_outs = [from_functional(t) for t in (*mutated, *f_outs, *intermediate_bases)]
+    traced_tangents = [_tangent_like(t) for t in plain_tangent_sources]
     meta = ViewAndMutationMeta(
         input_info=input_info,
         output_info=output_info,
@@ -144,6 +165,23 @@ def collect_metadata(
         static_input_indices=tuple(static_input_indices),
     )
     return meta, fw_outs
+
+
+def _twin_requiring_grad(o: torch.Tensor, f_outs: Sequence[Any]) -> torch.Tensor | None:
+    """Another output that requires grad and views the same memory as ``o`` exactly."""
+    for other in f_outs:
+        if (
+            other is not o
+            and isinstance(other, torch.Tensor)
+            and other.requires_grad
+            and storage_ref(other) == storage_ref(o)
+            and other.shape == o.shape
+            and other.stride() == o.stride()
+            and other.storage_offset() == o.storage_offset()
+            and other.dtype == o.dtype
+        ):
+            return other
+    return None
 
 
 def _classify_outputs(
@@ -198,6 +236,14 @@ def _classify_outputs(
                 kind = OutputType.alias_of_intermediate_save_as_output
                 base_idx = base_position[id(o._base)] = len(bases)
                 bases.append(o._base)
+        elif (
+            aliases_per_storage[st] > 1
+            and not o.requires_grad
+            and (twin := _twin_requiring_grad(o, f_outs)) is not None
+        ):
+            # ``return y, y.detach()``: regenerate the detached alias from ``y``.
+            kind = OutputType.alias_of_intermediate_base_is_user_output
+            base_idx = output_position[id(twin)]
         elif (
             o._base is not None
             and id(o._base) in output_position

@@ -40,6 +40,12 @@ class SyntheticBaseGroup:
     # index (into the user's flat inputs) of a member that is the base of the others, or
     # None when the base is a flat view over the whole storage
     base_user_index: int | None
+    # index of a member whose autograd ``_base`` (shared by every member, none of them
+    # the base itself) is the base: a differentiable base that is not an input
+    common_view_base_of: int | None = None
+
+    def __post_init__(self) -> None:
+        assert self.base_user_index is None or self.common_view_base_of is None
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,16 @@ def _make_base(flat_args: Sequence[Any], group: SyntheticBaseGroup) -> torch.Ten
         base = flat_args[group.base_user_index]
         assert isinstance(base, torch.Tensor)
         return base
+    if group.common_view_base_of is not None:
+        common = _common_view_base([flat_args[m.user_index] for m in group.members])
+        if common is None:
+            raise RuntimeError(
+                "aotkit: inputs "
+                + ", ".join(str(m.user_index) for m in group.members)
+                + " were views of one tensor when this function was compiled, but are not "
+                "any more; pass views of one base tensor, or clone the inputs."
+            )
+        return common
     t = flat_args[group.members[0].user_index]
     assert isinstance(t, torch.Tensor)
     storage = t.untyped_storage()
@@ -179,25 +195,30 @@ def compute_input_layout(
 def _group(flat_args: Sequence[Any], members: list[int]) -> SyntheticBaseGroup:
     tensors = [flat_args[i] for i in members]
     base_index: int | None = None
+    common_of: int | None = None
+    ref_base: torch.Tensor | None = None
     # A member that is the view-base of every other member serves as the base.
     for i, t in zip(members, tensors, strict=True):
         if all(o is t or o._base is t for o in tensors):
-            base_index = i
+            base_index, ref_base = i, t
             break
-    if base_index is None:
-        roots = {id(t._base) for t in tensors if t._base is not None}
-        if any(t.requires_grad for t in tensors):
+    if base_index is None and any(t.requires_grad for t in tensors):
+        # Views of one tensor that is not an input (``f(x[0:4], x[2:6])``): their common
+        # autograd base is a differentiable synthetic base.
+        ref_base = _common_view_base(tensors)
+        if ref_base is None:
+            roots = {id(t._base) for t in tensors if t._base is not None}
             raise RuntimeError(
                 "aotkit: inputs "
                 + ", ".join(str(i) for i in members)
                 + " alias one storage, at least one of them is mutated and requires grad, "
-                "and none of them is the view-base of the others, so no differentiable "
-                "synthetic base exists. Pass the base tensor itself (and take the views "
-                "inside the function), or clone one of the inputs before the call."
+                "and they are not views of one tensor, so no differentiable synthetic base "
+                "exists. Pass the base tensor itself (and take the views inside the "
+                "function), or clone one of the inputs before the call."
                 + (f" ({len(roots)} distinct view bases)" if roots else "")
             )
-    ref = flat_args[base_index] if base_index is not None else None
-    dt = ref.dtype if ref is not None else tensors[0].dtype
+        common_of = members[0]
+    dt = ref_base.dtype if ref_base is not None else tensors[0].dtype
     out = []
     for i, t in zip(members, tensors, strict=True):
         if t.dtype.itemsize != dt.itemsize:
@@ -208,4 +229,13 @@ def _group(flat_args: Sequence[Any], members: list[int]) -> SyntheticBaseGroup:
         out.append(
             AliasedMember(i, tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype)
         )
-    return SyntheticBaseGroup(tuple(out), base_index)
+    return SyntheticBaseGroup(tuple(out), base_index, common_of)
+
+
+def _common_view_base(tensors: Sequence[Any]) -> torch.Tensor | None:
+    """The autograd ``_base`` every tensor is a view of, if there is one."""
+    bases = {id(t._base): t._base for t in tensors if isinstance(t, torch.Tensor)}
+    if len(bases) != 1:
+        return None
+    base = next(iter(bases.values()))
+    return base if isinstance(base, torch.Tensor) else None

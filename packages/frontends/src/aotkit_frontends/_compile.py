@@ -27,7 +27,7 @@ from aotkit_schemas import (
 from aotkit_runtime import AutogradPlan, as_list_caller, make_autograd_function, make_epilogue
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from ._capture import FlatFn, trace_inference, trace_joint
 from ._errors import explain_tracing_errors
@@ -91,8 +91,11 @@ def _metadata(
     shape_env: Any,
 ) -> tuple[ViewAndMutationMeta, list[Any], FlatFn, list[Any]]:
     traced_fn = layout.wrap_for_tracing(flat_fn)
+    with unset_fake_temporarily():
+        # synthetic bases are built from the real inputs, outside the fake mode
+        compiled_args = layout.compiled_args(flat_args)
     fake = fakify_inputs(
-        layout.compiled_args(flat_args),
+        compiled_args,
         fake_mode,
         shape_env,
         num_params_buffers=_num_params_after_layout(layout, cfg.num_params_buffers),
@@ -107,6 +110,7 @@ def _metadata(
         keep_input_mutations=cfg.keep_inference_input_mutations and not needs_autograd,
         is_train=needs_autograd,
         static_input_indices=cfg.static_input_indices or (),
+        eager_leaf_checks=not cfg.is_export,
     )
     return meta, fake, traced_fn, fw_outs
 
@@ -168,7 +172,9 @@ def compile_flat(
 
         def mutated(user_index: int) -> bool:
             ci = first_layout.compiled_index_of_user_input(user_index)
-            return ci is not None and first_meta.input_info[ci].mutates_anything
+            # Only data mutations are seen through an alias; a metadata mutation (t_,
+            # unsqueeze_) changes one tensor and is replayed on it alone.
+            return ci is not None and first_meta.input_info[ci].mutates_data
 
         with_bases = compute_input_layout(flat_args, mutated)
         if with_bases.key != layout.key:

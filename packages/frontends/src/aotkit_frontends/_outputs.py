@@ -27,6 +27,13 @@ class UnsupportedOutputError(TypeError):
     pass
 
 
+def _is_constant_size(x: Any) -> bool:
+    """A torch.Size of plain ints is one constant leaf. pytree would flatten it and
+    unflatten it as a plain tuple; one holding SymInts is flattened so that its symbolic
+    sizes become graph leaves."""
+    return type(x) is torch.Size and all(type(s) is int for s in x)
+
+
 @dataclass
 class OutputLayout:
     """Filled at the first trace. See Note [Output leaves]."""
@@ -40,11 +47,14 @@ class OutputLayout:
     flat_tuple: bool = False
 
     def record(self, out: Any) -> list[Any]:
-        leaves, spec = pytree.tree_flatten(out)
+        leaves, spec = pytree.tree_flatten(out, is_leaf=_is_constant_size)
         if self.spec is None:
             graph_idx: list[int] = []
             constants: dict[int, Any] = {}
-            paths = [pytree.keystr(p) for p, _ in pytree.tree_flatten_with_path(out)[0]]
+            paths = [
+                pytree.keystr(p)
+                for p, _ in pytree.tree_flatten_with_path(out, is_leaf=_is_constant_size)[0]
+            ]
             for i, leaf in enumerate(leaves):
                 if isinstance(leaf, _GRAPH_TYPES):
                     graph_idx.append(i)
@@ -63,9 +73,7 @@ class OutputLayout:
             simple = not constants
             self.single_leaf = simple and spec.is_leaf()
             self.flat_tuple = (
-                simple
-                and spec.type is tuple
-                and all(c.is_leaf() for c in spec.children_specs)
+                simple and spec == pytree.tree_flatten(tuple(range(len(leaves))))[1]
             )
         elif spec != self.spec:
             raise RuntimeError(

@@ -1,6 +1,7 @@
 """aotkit_functional: helpers around functionalization and alias regeneration."""
 
 from ._alias_regeneration import regenerate_alias as regenerate_alias
+from ._eager_checks import EagerInplaceChecks as EagerInplaceChecks
 from ._graph_checks import assert_functional_graph as assert_functional_graph
 from ._graph_checks import mutable_ops_in_graph as mutable_ops_in_graph
 from ._wrap import from_functional as from_functional
@@ -19,6 +20,7 @@ from ._wrap import storage_was_changed as storage_was_changed
 from ._wrap import to_functional as to_functional
 
 __all__ = [
+    "EagerInplaceChecks",
     "assert_functional_graph",
     "from_functional",
     "functionalized",

@@ -24,7 +24,7 @@ from aotkit_schemas import OutputType, ViewAndMutationMeta
 
 def _apply_input_mutation(
     original: torch.Tensor, updated: torch.Tensor, *, data: bool, metadata: bool, storage: bool,
-    hidden: bool
+    hidden: bool, leaf: bool
 ) -> None:
     if storage:
         with torch.no_grad():
@@ -35,7 +35,12 @@ def _apply_input_mutation(
     if metadata:
         original.as_strided_(updated.size(), updated.stride(), updated.storage_offset() if not data else original.storage_offset())
     if data:
-        if hidden or not original.requires_grad and not updated.requires_grad:
+        if leaf and original.requires_grad:
+            # Tracing would have failed if autograd saw this mutation of a leaf that
+            # requires grad (``x.add_(1)``), so every mutation was hidden from it
+            # (``x.detach().mul_(2)``, ``x.data.add_(1)``, ``no_grad``): hide this one too.
+            original.detach().copy_(updated)
+        elif hidden or not original.requires_grad and not updated.requires_grad:
             with torch.no_grad():
                 original.copy_(updated)
         else:
@@ -61,6 +66,7 @@ def make_epilogue(
             meta.input_info[idx].mutates_storage_metadata,
             meta.input_info[idx].mutations_hidden_from_autograd
             or meta.input_info[idx].mutations_under_no_grad_or_inference_mode,
+            meta.input_info[idx].is_leaf,
         )
         for pos, idx in enumerate(meta.mutated_inp_runtime_indices)
     ]
@@ -81,10 +87,10 @@ def make_epilogue(
         return plain
 
     def epilogue(args: list[Any], returns: Sequence[Any]) -> list[Any]:
-        for pos, idx, data, metadata, storage, hidden in mutations:
+        for pos, idx, data, metadata, storage, hidden, leaf in mutations:
             _apply_input_mutation(
                 args[idx], returns[pos], data=data, metadata=metadata, storage=storage,
-                hidden=hidden,
+                hidden=hidden, leaf=leaf,
             )
         outs = list(returns[n_mut : n_mut + n_out])
         bases = returns[n_mut + n_out :]

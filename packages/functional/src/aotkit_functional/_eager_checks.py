@@ -1,0 +1,96 @@
+"""Eager's in-place errors, raised while a function runs functionalized.
+
+# Note [In-place errors eager raises and functionalization hides]
+# Functionalization rewrites every in-place op into an out-of-place op plus a write-back,
+# so some programs that eager rejects would trace "successfully" and compute something:
+#   * an in-place op on a leaf that requires grad, or on a view of one, with grad mode on
+#     (eager: "a leaf Variable that requires grad is being used in an in-place
+#     operation"). FunctionalTensor wrappers of inputs are never leaves, so autograd's own
+#     check does not fire;
+#   * an in-place op that writes through a view in which several elements share one
+#     memory location, e.g. ``x.expand(3, 4).add_(1)`` (eager: "more than one element of
+#     the written-to tensor refers to a single memory location").
+# ``EagerInplaceChecks`` is a dispatch mode that sits above the FunctionalTensorMode and
+# raises those errors, with eager's messages, before functionalization sees the op.
+# Mutations eager allows (under no_grad, through ``.detach()``/``.data``, on non-leaf
+# inputs) pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Ops that only change size/stride/offset/storage: eager has no overlap check for them.
+_METADATA_ONLY = frozenset(
+    {
+        "t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_",
+        "as_strided_", "resize_", "resize_as_", "set_", "detach_", "_resize_output_",
+    }
+)
+
+_LEAF_MESSAGE = "a leaf Variable that requires grad is being used in an in-place operation."
+_VIEW_OF_LEAF_MESSAGE = (
+    "a view of a leaf Variable that requires grad is being used in an in-place operation."
+)
+_OVERLAP_MESSAGE = (
+    "unsupported operation: more than one element of the written-to tensor refers to a "
+    "single memory location. Please clone() the tensor before performing the operation."
+)
+
+
+def _written_tensors(
+    func: torch._ops.OpOverload, args: Sequence[Any], kwargs: dict[str, Any]
+) -> Iterable[torch.Tensor]:
+    for pos, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = kwargs.get(arg.name) if arg.kwarg_only or pos >= len(args) else args[pos]
+        if isinstance(value, torch.Tensor):
+            yield value
+
+
+def _has_internal_overlap(t: torch.Tensor) -> bool:
+    """Eager's ``has_internal_overlap(t) == MemOverlap::Yes``: a dimension of size > 1
+    with stride 0."""
+    return any(st == 0 and sz > 1 for sz, st in zip(t.shape, t.stride(), strict=True))
+
+
+# TorchDispatchMode's __init__ and __init_subclass__ carry no annotations in torch.
+class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
+    """See Note [In-place errors eager raises and functionalization hides].
+
+    ``leaf_inputs`` are the (functional) inputs that stand for autograd leaves requiring
+    grad.
+    """
+
+    def __init__(self, leaf_inputs: Iterable[torch.Tensor]) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._leaf_ids = {id(t) for t in leaf_inputs}
+
+    def __torch_dispatch__(
+        self,
+        func: torch._ops.OpOverload,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func._schema.is_mutable:
+            name = func._schema.name.split("::")[-1]
+            for t in _written_tensors(func, args, kwargs):
+                self._check(t, metadata_only=name in _METADATA_ONLY)
+        return func(*args, **kwargs)
+
+    def _check(self, t: torch.Tensor, *, metadata_only: bool) -> None:
+        if self._leaf_ids and t.requires_grad and torch.is_grad_enabled():
+            if id(t) in self._leaf_ids:
+                raise RuntimeError(_LEAF_MESSAGE)
+            base = t._base
+            if base is not None and id(base) in self._leaf_ids:
+                raise RuntimeError(_VIEW_OF_LEAF_MESSAGE)
+        if not metadata_only and _has_internal_overlap(t):
+            raise RuntimeError(_OVERLAP_MESSAGE)

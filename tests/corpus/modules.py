@@ -1,0 +1,128 @@
+"""Core path: whole modules through aot_module (parameters and buffers lifted as inputs)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from corpus import Call, TorchDiffers, case_registrar, rand
+
+module_case = case_registrar("core")
+
+
+def case(**options):
+    return module_case(module=True, **options)
+
+
+def _sgd(params):
+    return torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 4))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+class ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.conv2 = nn.Conv2d(8, 4, 3, stride=2)
+        self.bn2 = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.bn1(self.conv1(x)))
+        x = torch.relu(self.bn2(self.conv2(x)))
+        return self.head(x.mean((2, 3)))
+
+
+def _randomize_bn_stats(m: nn.Module) -> nn.Module:
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.running_mean.normal_()
+            mod.running_var.uniform_(0.5, 2.0)
+    return m
+
+
+@case(inputs=lambda: (rand(5, 8),), boxed=True)
+def mlp():
+    return MLP()
+
+
+@case(inputs=lambda: (rand(5, 8),), calls=4, optimizer=_sgd)
+def mlp_sgd_training_steps():
+    return MLP()
+
+
+@case(inputs=lambda: (rand(2, 3, 9, 9),))
+def convnet_batchnorm_eval():
+    return _randomize_bn_stats(ConvNet()).eval()
+
+
+@case(inputs=lambda: (rand(4, 3, 9, 9),), calls=3, optimizer=_sgd)
+def convnet_batchnorm_train_updates_running_stats():
+    return ConvNet().train()
+
+
+@case(inputs=lambda: (rand(2, 6, 16),), rtol=1e-4, atol=1e-5)
+def transformer_encoder_layer():
+    return nn.TransformerEncoderLayer(d_model=16, nhead=4, dim_feedforward=32, dropout=0.0, batch_first=True)
+
+
+class KwargsAndDicts(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+        self.register_buffer("offset", torch.arange(4.0))
+
+    def forward(self, x, *, gate=None):
+        h = self.proj(x) + self.offset
+        if gate is not None:
+            h = h * torch.sigmoid(gate)
+        return {"hidden": h, "norm": h.norm(dim=-1)}
+
+
+@case(inputs=lambda: Call((rand(3, 4),), {"gate": rand(3, 4, grad=True)}))
+def module_kwargs_dict_output():
+    return KwargsAndDicts()
+
+
+class TiedWeights(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(10, 6)
+        self.out = nn.Linear(6, 10, bias=False)
+        self.out.weight = self.embed.weight
+
+    def forward(self, idx):
+        return self.out(self.embed(idx).tanh())
+
+
+@case(
+    inputs=lambda: (torch.randint(0, 10, (2, 3)),),
+    torch_differs=TorchDiffers(
+        "torch's aot_module calls functional_call with tied weights and raises", raises=True
+    ),
+)
+def tied_weights():
+    return TiedWeights()
+
+
+@case(inputs=lambda: (rand(3, 5),))
+def layernorm_gru_cell():
+    class M(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(5)
+            self.cell = nn.GRUCell(5, 7)
+
+        def forward(self, x):
+            return self.cell(self.norm(x))
+
+    return M()

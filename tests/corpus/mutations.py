@@ -1,0 +1,409 @@
+"""Mutation and aliasing: data, metadata and storage mutations of inputs.
+
+See Note [Input mutation kinds] in aotkit_schemas. Each case names the MutationType aotkit
+(and torch's metadata pass) must give every tensor input.
+"""
+
+from __future__ import annotations
+
+import torch
+from aotkit_schemas import MutationType, OutputType
+
+from corpus import TorchDiffers, case_registrar, nonleaf, rand
+
+case = case_registrar("mutation")
+
+NA = OutputType.non_alias
+IS_INPUT = OutputType.is_input
+OF_INPUT = OutputType.alias_of_input
+NM = MutationType.NOT_MUTATED
+IN_GRAPH = MutationType.MUTATED_IN_GRAPH
+OUT_GRAPH = MutationType.MUTATED_OUT_GRAPH
+
+
+# ---- data mutations --------------------------------------------------------------------
+
+
+@case(inputs=lambda: (rand(3, 4), rand(3, 4, grad=True)), expect_inputs=(OUT_GRAPH, NM), boxed=True)
+def data_mutation_of_input_without_grad(x, y):
+    x.add_(1)
+    return x * y
+
+
+@case(inputs=lambda: (nonleaf(3, 4), rand(3, 4, grad=True)), expect_inputs=(OUT_GRAPH, NM))
+def data_mutation_of_input_with_grad(x, y):
+    x.mul_(y)
+    return x.sum(1)
+
+
+@case(inputs=lambda: (rand(3, 4), rand(3, 4)), expect_inputs=(OUT_GRAPH, NM))
+def data_mutation_inference(x, y):
+    x.mul_(2).add_(y)
+    return y + 1
+
+
+@case(inputs=lambda: (rand(4, 4), rand(4)), expect_inputs=(OUT_GRAPH, NM))
+def data_mutation_through_select(x, y):
+    x[0].add_(1)
+    x[:, 1].mul_(y)
+    return x.sum()
+
+
+@case(inputs=lambda: (nonleaf(4, 4), rand(4, grad=True)), expect_inputs=(OUT_GRAPH, NM), boxed=True)
+def data_mutation_through_view_with_grad(x, y):
+    x[0].add_(y)
+    return (x * 2,)
+
+
+@case(inputs=lambda: (rand(4, 6),), expect_inputs=(OUT_GRAPH,))
+def data_mutation_through_view_of_view(x):
+    x.t()[1:][:, ::2].unsqueeze(0).mul_(-1)
+    return x.cos()
+
+
+@case(inputs=lambda: (rand(3, 4), rand(3, 4)), expect_inputs=(OUT_GRAPH, NM))
+def data_mutation_zero_fill_clamp(x, y):
+    x[0].zero_()
+    x[1].fill_(2.0)
+    x.clamp_(min=-0.5)
+    return x + y
+
+
+@case(inputs=lambda: (rand(3, 4), rand(3, 4, grad=True)), expect_inputs=(OUT_GRAPH, NM))
+def data_mutation_copy_from_grad_input(x, y):
+    # x does not require grad before the call, but does afterwards
+    x.copy_(y * 2)
+    return x.exp()
+
+
+@case(inputs=lambda: (rand(5), rand(5)), expect_inputs=(OUT_GRAPH, NM))
+def data_mutation_setitem_and_index_put(x, y):
+    x[1:3] = 7.0
+    x[torch.tensor([0, 4])] = y[:2]
+    return x * 1
+
+
+@case(inputs=lambda: (rand(3), rand(3), rand(3)), expect_inputs=(OUT_GRAPH, NM, NM))
+def data_mutation_out_variant(x, y, z):
+    torch.add(y, z, out=x)
+    return x * y
+
+
+@case(inputs=lambda: (rand(3, 4),), expect_inputs=(OUT_GRAPH,))
+def data_mutation_repeated(x):
+    for _ in range(3):
+        x.mul_(2)
+        x.sub_(1)
+    return x.sum(0)
+
+
+@case(inputs=lambda: (rand(4), rand(4, grad=True)), expect_outputs=(IS_INPUT,), expect_inputs=(OUT_GRAPH, NM))
+def mutated_input_also_returned(x, y):
+    x.add_(y)
+    return x
+
+
+@case(inputs=lambda: (nonleaf(4), rand(4)), expect_outputs=(IS_INPUT, NA), expect_inputs=(OUT_GRAPH, NM))
+def mutated_grad_input_also_returned(x, y):
+    x.mul_(y)
+    return x, x * 2
+
+
+@case(inputs=lambda: (rand(3, 4),), expect_outputs=(OF_INPUT,), expect_inputs=(OUT_GRAPH,))
+def view_of_input_taken_before_mutation(x):
+    v = x.view(-1)
+    x.add_(1)
+    return v
+
+
+@case(inputs=lambda: (nonleaf(3, 4),), expect_outputs=(OF_INPUT, OF_INPUT), expect_inputs=(OUT_GRAPH,))
+def views_of_grad_input_around_mutation(x):
+    a = x[0]
+    x.mul_(3)
+    b = x.t()
+    return a, b
+
+
+@case(inputs=lambda: (rand(4), rand(4)), expect_outputs=(NA,), expect_inputs=(OUT_GRAPH, OUT_GRAPH))
+def mutates_two_inputs_returns_none(x, y):
+    x.add_(1)
+    y.mul_(x)
+    return y.sum(), None
+
+
+@case(inputs=lambda: (rand(3, 4),), expect_outputs=(NA,), expect_inputs=(NM,))
+def mutation_of_intermediate_only(x):
+    y = x.clone()
+    y[0].zero_()
+    y.t_()
+    return y * 2
+
+
+@case(inputs=lambda: (rand(3, 3, grad=True),), expect_inputs=(NM,))
+def mutation_of_intermediate_view_with_grad(x):
+    y = x * 2
+    y.diagonal().mul_(0)
+    return y
+
+
+# ---- under no_grad, hidden from autograd -----------------------------------------------
+
+
+@case(inputs=lambda: (rand(3, grad=True), rand(3, grad=True)), expect_inputs=(OUT_GRAPH, NM))
+def leaf_mutated_under_no_grad(w, x):
+    with torch.no_grad():
+        w.add_(1)
+    return w * x
+
+
+@case(inputs=lambda: (nonleaf(3, 4), rand(3, 4, grad=True)), expect_inputs=(OUT_GRAPH, NM))
+def view_mutated_under_no_grad(x, y):
+    with torch.no_grad():
+        x[0].mul_(2)
+    return x * y
+
+
+@case(inputs=lambda: (rand(3, grad=True),), expect_inputs=(OUT_GRAPH,))
+def leaf_mutated_through_detach(w):
+    w.detach().mul_(2)
+    return w.sin()
+
+
+@case(inputs=lambda: (rand(3, grad=True),), expect_inputs=(OUT_GRAPH,))
+def leaf_mutated_through_data(w):
+    w.data.add_(1)
+    return w * 2
+
+
+# ---- metadata mutations ----------------------------------------------------------------
+
+
+@case(inputs=lambda: (rand(3, 4),), expect_inputs=(OUT_GRAPH,))
+def metadata_t_(x):
+    x.t_()
+    return x + 1
+
+
+@case(inputs=lambda: (nonleaf(2, 3, 4),), expect_inputs=(OUT_GRAPH,))
+def metadata_transpose_of_grad_input(x):
+    x.transpose_(0, 2)
+    return x * 2
+
+
+@case(inputs=lambda: (rand(3, 4),), expect_outputs=(IS_INPUT,), expect_inputs=(OUT_GRAPH,))
+def metadata_unsqueeze_returned(x):
+    x.unsqueeze_(0)
+    return x
+
+
+@case(inputs=lambda: (rand(1, 3, 1),), expect_inputs=(OUT_GRAPH,))
+def metadata_squeeze_(x):
+    x.squeeze_()
+    return x.sum(), x.shape[0]
+
+
+@case(inputs=lambda: (rand(4, 4),), expect_inputs=(OUT_GRAPH,))
+def metadata_as_strided_(x):
+    x.as_strided_((2, 3), (4, 1), 2)
+    return x * 1
+
+
+@case(inputs=lambda: (rand(3, 4),), expect_inputs=(NM,))
+def metadata_mutation_undone(x):
+    x.t_()
+    x.t_()
+    return x * 2
+
+
+@case(inputs=lambda: (rand(3, 4),), expect_inputs=(OUT_GRAPH,))
+def metadata_then_data_mutation(x):
+    x.t_()
+    x[0].add_(1)
+    return x.sum(1)
+
+
+@case(inputs=lambda: (nonleaf(3, 4),), expect_inputs=(OUT_GRAPH,))
+def data_then_metadata_mutation_with_grad(x):
+    x.mul_(2)
+    x.unsqueeze_(1)
+    return x.exp()
+
+
+@case(
+    inputs=lambda: (rand(6), rand(3)),
+    expect_inputs=(OUT_GRAPH, NM),
+)
+def metadata_resize_(x, y):
+    x.resize_(3)
+    return x + y
+
+
+_SET_OUT_OF_GRAPH = TorchDiffers(
+    "torch supports set_ on an input only when the mutation stays in the graph", raises=True
+)
+
+
+@case(
+    inputs=lambda: (rand(3), rand(3)),
+    expect_outputs=(NA,),
+    expect_inputs=(OUT_GRAPH, NM),
+    torch_differs=_SET_OUT_OF_GRAPH,
+)
+def storage_mutation_set_(x, y):
+    x.set_(y)
+    return x * 2
+
+
+@case(inputs=lambda: (rand(3), rand(5)), expect_inputs=(OUT_GRAPH, NM), torch_differs=_SET_OUT_OF_GRAPH)
+def storage_mutation_set_to_intermediate(x, y):
+    x.set_(y[:3] * 2)
+    return x + 1
+
+
+# ---- keep_inference_input_mutations ----------------------------------------------------
+# aotkit keeps an input mutation in the graph (a trailing copy_ into the input) only in
+# inference graphs; torch keeps eligible ones in training graphs too (torch_expect_inputs).
+# Both are correct: the training forward then returns the new value and the epilogue
+# copies it, which a backend cannot fuse away.
+
+
+@case(
+    inputs=lambda: (rand(3, 4), rand(3, 4)),
+    keep_inference_input_mutations=True,
+    expect_inputs=(IN_GRAPH, NM),
+    boxed=True,
+)
+def keep_mutations_inference(x, y):
+    x.add_(y)
+    return y * 2
+
+
+@case(
+    inputs=lambda: (rand(3, 4), rand(3, 4, grad=True)),
+    keep_inference_input_mutations=True,
+    expect_inputs=(OUT_GRAPH, NM),
+    torch_expect_inputs=(IN_GRAPH, NM),
+)
+def keep_mutations_training_input_without_grad(x, y):
+    x.mul_(2)
+    return x * y
+
+
+@case(
+    inputs=lambda: (nonleaf(3, 4), rand(3, 4)),
+    keep_inference_input_mutations=True,
+    expect_inputs=(OUT_GRAPH, OUT_GRAPH),
+    torch_expect_inputs=(OUT_GRAPH, IN_GRAPH),
+)
+def keep_mutations_training_input_with_grad(x, y):
+    x.mul_(2)
+    y.add_(1)
+    return x + y
+
+
+@case(
+    inputs=lambda: (rand(3, 4),),
+    keep_inference_input_mutations=True,
+    expect_inputs=(OUT_GRAPH,),
+)
+def keep_mutations_metadata_stays_out_of_graph(x):
+    x.t_()
+    return x * 2
+
+
+@case(
+    inputs=lambda: (rand(3, 4),),
+    keep_inference_input_mutations=True,
+    expect_inputs=(IN_GRAPH,),
+)
+def keep_mutations_through_view(x):
+    x[1].mul_(3)
+    return x.sum()
+
+
+@case(
+    inputs=lambda: (rand(3, grad=True), rand(3, grad=True)),
+    keep_inference_input_mutations=True,
+    expect_inputs=(OUT_GRAPH, NM),
+    torch_expect_inputs=(IN_GRAPH, NM),
+)
+def keep_mutations_leaf_under_no_grad(w, x):
+    with torch.no_grad():
+        w.mul_(0.5)
+    return w * x
+
+
+@case(
+    inputs=lambda: (rand(3, 4), rand(3, 4, grad=True)),
+    keep_inference_input_mutations=True,
+    grad_enabled=False,
+    expect_inputs=(IN_GRAPH, NM),
+)
+def keep_mutations_grad_input_under_no_grad(x, y):
+    x.add_(y)
+    return y.sin()
+
+
+@case(
+    inputs=lambda: (rand(3), rand(3)),
+    keep_inference_input_mutations=True,
+    expect_inputs=(IN_GRAPH, NM),
+)
+def keep_mutations_set_(x, y):
+    x.set_(y * 2)
+    return x + 1
+
+
+# ---- programs eager rejects: the compiled versions must raise too ----------------------
+
+
+@case(
+    inputs=lambda: (rand(3, grad=True),),
+    eager_raises=True,
+    torch_differs=TorchDiffers("torch silently mutates a leaf that requires grad"),
+)
+def rejects_inplace_on_leaf_requiring_grad(x):
+    x.add_(1)
+    return x
+
+
+@case(
+    inputs=lambda: (rand(1, 4),),
+    eager_raises=True,
+    torch_differs=TorchDiffers("torch silently writes through an expanded (overlapping) view"),
+)
+def rejects_inplace_on_expanded_view(x):
+    x.expand(3, 4).add_(1)
+    return x
+
+
+@case(
+    inputs=lambda: (rand(4, grad=True),),
+    eager_raises=True,
+    torch_differs=TorchDiffers("torch silently mutates a view of a leaf that requires grad"),
+)
+def rejects_inplace_on_view_of_leaf_requiring_grad(x):
+    x[0].mul_(2)
+    return x
+
+
+@case(inputs=lambda: (rand(3, 4), rand(4, 3)), eager_raises=True)
+def rejects_mismatched_inplace_shapes(x, y):
+    x.add_(y)
+    return x
+
+
+# Eager raises at backward: x was saved by the multiplication, then modified. A compiled
+# version may raise as early as the call (aotkit and torch raise while tracing the joint).
+@case(inputs=lambda: (rand(3), rand(3, grad=True)), eager_raises=True)
+def rejects_backward_through_input_mutated_after_use(x, y):
+    out = x * y
+    x.add_(1)
+    return out
+
+
+@case(inputs=lambda: (rand(3), rand(3, grad=True)), eager_raises=True, keep_inference_input_mutations=True)
+def rejects_backward_through_input_mutated_after_use_keep_mutations(x, y):
+    out = x * y
+    x.add_(1)
+    return out
