@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._dynamo.utils import GmWrapper
 import torch.fx
 import torch.nn as nn
 from aotkit_backends import nop
@@ -106,7 +107,7 @@ def _run(
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_matches_torch(case: Case) -> None:
-    out, args, grads, buffers = _run(aot_module_simplified, case, boxed=True)
+    out, args, grads, buffers = _run(aot_module_simplified, case, boxed=False)
     ref_out, ref_args, ref_grads, ref_buffers = _run(torch_simplified, case, boxed=False)
     assert len(out) == len(ref_out)
     for o, r in zip(out, ref_out, strict=True):
@@ -121,17 +122,23 @@ def test_matches_torch(case: Case) -> None:
 
 def test_keeps_the_module_output_container() -> None:
     x = torch.randn(3, 4)
-    assert type(aot_module_simplified(TupleMLP(), [x], nop)([x])) is tuple
-    assert type(aot_module_simplified(ListOut(), [x[:2], x[:1].expand(4, 4)], nop)([x[:2], x[:1]])) is list
+    assert type(aot_module_simplified(TupleMLP(), [x], nop)(x)) is tuple
+    assert type(aot_module_simplified(ListOut(), [x[:2], x[:1].expand(4, 4)], nop)(x[:2], x[:1])) is list
 
 
-def test_forward_is_boxed_and_exposes_module_methods() -> None:
+def test_forward_follows_torchs_calling_convention_and_exposes_module_methods() -> None:
     mod = TupleMLP()
     x = torch.randn(3, 4)
     forward = aot_module_simplified(mod, [x], nop)
-    assert getattr(forward, "_boxed_call", False) is True
+    # like torch's: forward(*args) for a plain module ...
+    assert not getattr(forward, "_boxed_call", False)
+    torch.testing.assert_close(forward(x)[0], mod(x)[0])
+    # ... and boxed for dynamo's GmWrapper (graphs whose inputs dynamo flattened)
+    wrapped = GmWrapper(torch.fx.symbolic_trace(mod), lambda flat: flat)
+    boxed = aot_module_simplified(wrapped, [x], nop)
+    assert getattr(boxed, "_boxed_call", False) is True
     args = [x]
-    forward(args)
+    boxed(args)
     assert args == [], "the boxed forward frees its argument list"
     assert dict(forward.named_parameters()) == dict(mod.named_parameters())  # type: ignore[attr-defined]
     assert list(forward.named_buffers()) == list(mod.named_buffers())  # type: ignore[attr-defined]
@@ -161,7 +168,7 @@ def test_reuses_the_fake_mode_and_shape_env_of_fake_inputs() -> None:
     assert isinstance(user_input.shape[0], torch.SymInt), "sizes stay symbolic"
     for n in (2, 5):  # one graph serves every batch size
         x = torch.randn(n, 4)
-        out = forward([x])
+        out = forward(x)
         torch.testing.assert_close(out[0], mod(x)[0])
 
 
@@ -176,7 +183,7 @@ def test_pre_grad_passes_rewrite_the_graph_first() -> None:
         return g
 
     x = torch.randn(3, 4)
-    out = aot_module_simplified(gm, [x], nop, pre_grad_passes=swap_tanh_for_relu)([x])
+    out = aot_module_simplified(gm, [x], nop, pre_grad_passes=swap_tanh_for_relu)(x)
     torch.testing.assert_close(out[1], gm.a(x).relu().sum(1))
 
 
@@ -195,7 +202,7 @@ def test_dynamo_metadata_from_a_dynamo_graph() -> None:
         }
         recorded.append(dynamo_metadata(gm, names.keys(), len(names) + len(example_inputs)))
         forward = aot_module_simplified(gm, example_inputs, nop)
-        return lambda *args: forward(list(args))
+        return forward
 
     torch._dynamo.reset()
     mod = TupleMLP()

@@ -12,9 +12,10 @@ registers the two aotkit backends under names usable as ``torch.compile(backend=
 # Note [Backend calling convention]
 # Dynamo calls a backend's result as ``compiled(*args)``, except for graphs whose inputs
 # are lists, tuples or dicts: those are flattened by ``flatten_graph_inputs``, which calls
-# the result boxed, ``compiled(flat_args)``. aot_module_simplified returns a boxed forward
-# (See Note [aot_module_simplified calling convention]), so the unboxed case is adapted
-# here. Both the backward compiler and the compiled callable are wrapped with
+# the result boxed, ``compiled(flat_args)``, after wrapping the graph in a ``GmWrapper``.
+# aot_module_simplified returns the matching convention for each case
+# (See Note [aot_module_simplified calling convention]). Both the backward compiler and the
+# compiled callable are wrapped with
 # ``torch._dynamo.disable`` so that dynamo never traces into them.
 """
 
@@ -69,18 +70,11 @@ class AotAutograd:
     ) -> Callable[..., Any]:
         if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
             # See Note [Backend calling convention]
-            flattened: Callable[..., Any] = flatten_graph_inputs(gm, example_inputs, self._compile_boxed)
+            flattened: Callable[..., Any] = flatten_graph_inputs(gm, example_inputs, self._compile)
             return flattened
-        boxed = self._compile_boxed(gm, example_inputs)
+        return self._compile(gm, example_inputs)
 
-        def compiled(*args: Any) -> Any:
-            return boxed(list(args))
-
-        return _disable(compiled, "do not trace the AOT-compiled graph")
-
-    def _compile_boxed(
-        self, gm: torch.nn.Module, example_inputs: Sequence[Any]
-    ) -> Callable[[list[Any]], Any]:
+    def _compile(self, gm: torch.nn.Module, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         decompositions = self.kwargs.get("decompositions")
         if callable(decompositions):
             self.kwargs["decompositions"] = decompositions()

@@ -16,7 +16,7 @@ import torch.fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 from aotkit_partitioners import default_partition
-from aotkit_schemas import GraphSignature, OutputType, ViewAndMutationMeta
+from aotkit_schemas import GraphSignature, OutputType, ViewAndMutationMeta, graph_outputs
 from torch._guards import detect_fake_mode
 from torch.nn.utils import stateless
 
@@ -280,7 +280,7 @@ def aot_export_joint_simple(
     Same arguments as ``torch._functorch.aot_autograd.aot_export_joint_simple``.
     * With no input requiring grad (or ``trace_joint=False``), the graph is an inference
       graph with exactly ``func``'s inputs and outputs: ``gm(*args) == func(*args)``.
-    * Otherwise it is the joint graph ``gm(primals, tangents) -> [*outputs, *input grads]``
+    * Otherwise it is the joint graph ``gm(primals, tangents) -> ((*outputs,), (*input grads,))``
       (See Note [Joint graph calling convention]); partitioning it gives a forward with
       ``func``'s calling convention.
 
@@ -322,5 +322,21 @@ def aot_export_joint_simple(
             f"or constants. out_spec={out_spec}"
         )
     if meta.is_train:
-        return traced.graph
+        return _nest_joint_outputs(traced.graph, len(outputs.graph_leaf_indices))
     return retrace_flat(lambda *a: tuple(traced.graph(*a)), traced)
+
+
+def _nest_joint_outputs(gm: torch.fx.GraphModule, num_outputs: int) -> torch.fx.GraphModule:
+    """Make ``gm(primals, tangents)`` return ``((*outputs,), (*input grads,))`` as torch's
+    does, while the output node keeps its flat values (what partitioners read; See Note
+    [Joint graph calling convention])."""
+    flat = graph_outputs(gm)
+    spec = pytree.tree_flatten(
+        (tuple(range(num_outputs)), tuple(range(num_outputs, len(flat))))
+    )[1]
+    codegen = gm.graph._codegen
+    info = getattr(codegen, "pytree_info", None)
+    if info is not None:
+        codegen.pytree_info = info._replace(out_spec=spec)  # type: ignore[attr-defined]
+        gm.recompile()
+    return gm

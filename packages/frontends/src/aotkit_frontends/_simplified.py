@@ -9,9 +9,11 @@ reads the parameters and buffers once instead of on every call.
 # and must return a tuple or list. The compiled graph takes
 # ``(*parameters, *buffers, *args)``, parameters and buffers taken once at compile time
 # with ``named_parameters/named_buffers(remove_duplicate=False)``.
-# The returned ``forward`` is boxed (See Note [Boxed calling convention] in
-# aotkit_backends): ``forward(args)`` takes one list of the runtime args, clears it, and
-# returns the outputs in the container type the module used (a tuple stays a tuple).
+# The returned ``forward`` follows torch's convention: ``forward(*args)``, except when
+# ``mod`` is dynamo's ``GmWrapper`` (graphs whose inputs dynamo flattened), where it is
+# boxed (See Note [Boxed calling convention] in aotkit_schemas): ``forward(args)`` takes
+# one list of the runtime args and clears it. Outputs come back in the container type the
+# module used (a tuple stays a tuple).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any, cast
 
 import torch
 import torch.fx
+from torch._dynamo.utils import GmWrapper
 import torch.nn as nn
 from aotkit_partitioners import default_partition
 from torch._guards import Source, TracingContext
@@ -106,7 +109,7 @@ def aot_module_simplified(
     | None = None,
     compile_region_name: str | None = None,
     cudagraphs: Any = None,
-) -> Callable[[list[Any]], Any]:
+) -> Callable[..., Any]:
     """Compile ``mod`` now, for inputs like ``args``; return a boxed ``forward``.
 
     Same arguments as ``torch._functorch.aot_autograd.aot_module_simplified``. See
@@ -155,13 +158,24 @@ def aot_module_simplified(
 
     runner, _ = compile_flat(functional_call, full_args, cfg)
 
-    def forward(runtime_args: list[Any]) -> Any:
-        flat = [*params_flat, *runtime_args]
-        runtime_args.clear()
-        return outputs.unflatten(runner(flat))
+    forward: Any  # a function carrying the module's zero_grad/named_* as attributes
+    if isinstance(mod, GmWrapper):
 
-    forward._boxed_call = True  # type: ignore[attr-defined]
-    forward.zero_grad = mod.zero_grad  # type: ignore[attr-defined]
-    forward.named_parameters = mod.named_parameters  # type: ignore[attr-defined]
-    forward.named_buffers = mod.named_buffers  # type: ignore[attr-defined]
-    return forward
+        def boxed_forward(runtime_args: list[Any]) -> Any:
+            flat = [*params_flat, *runtime_args]
+            runtime_args.clear()
+            return outputs.unflatten(runner(flat))
+
+        boxed_forward._boxed_call = True  # type: ignore[attr-defined]
+        forward = boxed_forward
+    else:
+
+        def unboxed_forward(*runtime_args: Any) -> Any:
+            return outputs.unflatten(runner([*params_flat, *runtime_args]))
+
+        forward = unboxed_forward
+    forward.zero_grad = mod.zero_grad
+    forward.named_parameters = mod.named_parameters
+    forward.named_buffers = mod.named_buffers
+    result: Callable[..., Any] = forward
+    return result
