@@ -15,7 +15,7 @@ from aotkit_schemas import is_sym_node
 from torch.fx._lazy_graph_module import _make_graph_module
 from torch.fx.experimental.symbolic_shapes import free_symbols, is_symbol_binding_fx_node
 
-from ._joint import JointInfo, ancestors, has_side_effect, nodes_of, sorted_nodes, unique
+from ._joint import JointInfo, ancestors, nodes_of, sorted_nodes, unique
 from ._schedule import late_order
 
 
@@ -136,8 +136,8 @@ def build_modules(
     the forward nodes the backward recomputes are scheduled just before their first use.
     """
     saved = unique(saved)
-    bw_roots = [n for n in info.nodes if n in info.tangent_closure and has_side_effect(n)]
-    fw_roots = [n for n in info.nodes if n not in info.tangent_closure and has_side_effect(n)]
+    bw_roots = list(info.bw_effects)
+    fw_roots = list(info.fw_effects)
 
     # Keep only the saved values the backward reads.
     read = ancestors(nodes_of(info.bwd_outputs) + bw_roots, stop=set(saved) | set(info.tangents))

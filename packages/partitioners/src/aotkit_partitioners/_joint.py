@@ -120,6 +120,9 @@ class JointInfo:
     # length = # primals (None for a primal that does not require grad)
     bwd_outputs: tuple[Any, ...]
     tangent_closure: frozenset[torch.fx.Node]
+    # side-effecting nodes, in graph order: they run even though nothing reads them
+    fw_effects: tuple[torch.fx.Node, ...]
+    bw_effects: tuple[torch.fx.Node, ...]
     fw_required: frozenset[torch.fx.Node]
     bw_required: frozenset[torch.fx.Node]
 
@@ -165,10 +168,9 @@ def analyze_joint(
         ):
             closure.add(node)
 
-    fw_roots = nodes_of(fwd_outputs)
-    fw_roots += [n for n in nodes if has_side_effect(n) and n not in closure]
-    bw_roots = nodes_of(bwd_outputs)
-    bw_roots += [n for n in nodes if has_side_effect(n) and n in closure]
+    effects = [n for n in nodes if has_side_effect(n)]
+    fw_effects = tuple(n for n in effects if n not in closure)
+    bw_effects = tuple(n for n in effects if n in closure)
     return JointInfo(
         root=gm,
         graph=graph,
@@ -179,8 +181,10 @@ def analyze_joint(
         fwd_outputs=fwd_outputs,
         bwd_outputs=bwd_outputs,
         tangent_closure=frozenset(closure),
-        fw_required=frozenset(ancestors(fw_roots)),
-        bw_required=frozenset(ancestors(bw_roots)),
+        fw_effects=fw_effects,
+        bw_effects=bw_effects,
+        fw_required=frozenset(ancestors(nodes_of(fwd_outputs) + list(fw_effects))),
+        bw_required=frozenset(ancestors(nodes_of(bwd_outputs) + list(bw_effects))),
     )
 
 
