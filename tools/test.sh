@@ -10,8 +10,9 @@
 #   4. isolated installs             tools/check_isolated_installs.py: each package alone in a
 #                                    fresh venv, imported, its fast tests run
 #                                    (AOTKIT_ISOLATED_TESTS=fast|all|none picks which tests)
+#   5. ruff                          ruff check (rules in pyproject) over packages/ and tools/
 #
-# Steps 1-4 all run even when one fails; the last line sums them up and the exit status is
+# Steps 1-5 all run even when one fails; the last line sums them up and the exit status is
 # non-zero if any failed. Extra arguments go to pytest (step 1), e.g. -k or -x.
 #
 # Why "mypy packages/" and not "mypy --strict packages/": [tool.mypy] already sets
@@ -69,6 +70,7 @@ step "mypy" uv run --locked mypy packages/ tools/check_isolated_installs.py
 step "import-linter" uv run --locked lint-imports
 step "isolated-installs" uv run --locked python tools/check_isolated_installs.py \
     --tests "${AOTKIT_ISOLATED_TESTS:-fast}"
+step "ruff" uv run --locked ruff check packages tools
 
 echo
 echo "=== summary (total $((SECONDS - total_start)) s)"

@@ -71,7 +71,9 @@ def capture_joint(model: nn.Module, *inputs: torch.Tensor) -> Joint:
     got: list[Joint] = []
 
     def fn(*args: Any) -> Any:
-        return functional_call(model, dict(zip(names, args[: len(names)])), args[len(names) :])
+        return functional_call(
+            model, dict(zip(names, args[: len(names)], strict=True)), args[len(names) :]
+        )
 
     def partition(gm: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         got.append(Joint(copy.deepcopy(gm), joint_inputs, kwargs["num_fwd_outputs"]))
@@ -154,7 +156,7 @@ def check(joint: Joint, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule) -> b
     return len(got) == len(want) and all(
         (a is None and b is None)
         or (isinstance(a, torch.Tensor) and torch.allclose(a, b, rtol=1e-3, atol=1e-4))
-        for a, b in zip(got, want)
+        for a, b in zip(got, want, strict=True)
     )
 
 
@@ -207,7 +209,7 @@ def time_both(joint: Joint, reps: int, *, lazy: bool = False) -> Timing:
     return Timing(
         statistics.median(theirs),
         statistics.median(ours),
-        statistics.median(o / t for o, t in zip(ours, theirs)),
+        statistics.median(o / t for o, t in zip(ours, theirs, strict=True)),
         max(_iqr_rel(theirs), _iqr_rel(ours)),
     )
 

@@ -29,6 +29,9 @@ class MLPLoss(nn.Module):
 class StatefulLoss(nn.Module):
     """Mutates a buffer and a user input; the loss is not the first output."""
 
+    calls: torch.Tensor
+    running: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 4)
@@ -75,9 +78,21 @@ class Case:
 
 CASES = [
     Case("mlp_loss", MLPLoss, lambda: (torch.randn(5, 4), torch.tensor([0, 1, 1, 0, 1])), 1),
-    Case("stateful", StatefulLoss, lambda: (torch.randn(3, 4, requires_grad=True), torch.zeros(3, 4)), 1),
+    Case(
+        "stateful",
+        StatefulLoss,
+        lambda: (torch.randn(3, 4, requires_grad=True), torch.zeros(3, 4)),
+        1,
+    ),
     Case("batchnorm", BatchNormLoss, lambda: (torch.randn(2, 2, 5, 5),), 0),
-    Case("kwargs", KwargsModule, lambda: (torch.randn(2, 3),), 0, lambda: {"scale": torch.randn(())}, True),
+    Case(
+        "kwargs",
+        KwargsModule,
+        lambda: (torch.randn(2, 3),),
+        0,
+        lambda: {"scale": torch.randn(())},
+        True,
+    ),
 ]
 
 
@@ -100,12 +115,16 @@ def _names_are_graph_nodes(gm: torch.fx.GraphModule, sig: GraphSignature, *, joi
         assert sig.backward_signature is None and grads == []
 
 
-def _export_both(case: Case, joint: bool) -> tuple[Any, Any, Any, Any, nn.Module, tuple[Any, ...], dict[str, Any]]:
+def _export_both(
+    case: Case, joint: bool
+) -> tuple[Any, Any, Any, Any, nn.Module, tuple[Any, ...], dict[str, Any]]:
     torch.manual_seed(0)
     mod = case.module()
     args, kwargs = case.args(), case.kwargs()
     loss_index = case.loss_index if joint else None
-    ours = aot_export_module(mod, args, trace_joint=joint, output_loss_index=loss_index, kwargs=kwargs)
+    ours = aot_export_module(
+        mod, args, trace_joint=joint, output_loss_index=loss_index, kwargs=kwargs
+    )
     theirs = torch_export(mod, args, trace_joint=joint, output_loss_index=loss_index, kwargs=kwargs)
     return (*ours, *theirs, mod, args, kwargs)
 
@@ -128,8 +147,12 @@ def test_graph_and_signature_match_torch(case: Case, joint: bool) -> None:
     if joint:
         bw, tbw = sig.backward_signature, tsig.backward_signature
         assert bw is not None and tbw is not None
-        assert list(bw.gradients_to_parameters.values()) == list(tbw.gradients_to_parameters.values())
-        assert list(bw.gradients_to_user_inputs.values()) == list(tbw.gradients_to_user_inputs.values())
+        assert list(bw.gradients_to_parameters.values()) == list(
+            tbw.gradients_to_parameters.values()
+        )
+        assert list(bw.gradients_to_user_inputs.values()) == list(
+            tbw.gradients_to_user_inputs.values()
+        )
     # both graphs compute the same values
     flat = [*mod.parameters(), *mod.buffers(), *args, *kwargs.values()]
     ours = gm(*[t.clone() if isinstance(t, torch.Tensor) else t for t in flat])
@@ -143,15 +166,24 @@ def test_loss_output_names_the_loss_when_buffers_are_mutated() -> None:
     # torch names graph_output_names[loss_index], ignoring the mutated buffers that come
     # first; here that is the updated `calls` buffer. aotkit names the loss.
     gm, sig = aot_export_module(
-        StatefulLoss(), (torch.randn(3, 4), torch.zeros(3, 4)), trace_joint=True, output_loss_index=1
+        StatefulLoss(),
+        (torch.randn(3, 4), torch.zeros(3, 4)),
+        trace_joint=True,
+        output_loss_index=1,
     )
     bw = sig.backward_signature
     assert bw is not None
     assert bw.loss_output == sig.user_outputs[1]
     _, tsig = torch_export(
-        StatefulLoss(), (torch.randn(3, 4), torch.zeros(3, 4)), trace_joint=True, output_loss_index=1
+        StatefulLoss(),
+        (torch.randn(3, 4), torch.zeros(3, 4)),
+        trace_joint=True,
+        output_loss_index=1,
     )
-    assert tsig.backward_signature.loss_output in tsig.buffers_to_mutate, "torch's bug is still there"
+    assert tsig.backward_signature is not None
+    assert tsig.backward_signature.loss_output in tsig.buffers_to_mutate, (
+        "torch's bug is still there"
+    )
 
 
 def test_joint_graph_run_by_hand_gives_eager_loss_and_gradients() -> None:
@@ -191,7 +223,9 @@ def test_joint_graph_run_by_hand_gives_eager_loss_and_gradients() -> None:
 def test_joint_export_forwards_kwargs() -> None:
     mod = KwargsModule()
     x, scale = torch.randn(2, 3), torch.randn(())
-    gm, sig = aot_export_module(mod, (x,), trace_joint=True, output_loss_index=0, kwargs={"scale": scale})
+    gm, sig = aot_export_module(
+        mod, (x,), trace_joint=True, output_loss_index=0, kwargs={"scale": scale}
+    )
     loss, grad = gm(mod.w.detach(), x, scale)
     mod(x, scale=scale)[0].backward()
     torch.testing.assert_close(loss, (x @ mod.w * scale).sum())
@@ -204,7 +238,9 @@ def test_a_bare_tensor_output_is_accepted() -> None:
     # torch insists on a tuple; the exported graph returns a flat tuple either way
     mod = Returns(lambda m, x: m.lin(x).sum())
     for joint in (False, True):
-        gm, sig = aot_export_module(mod, (torch.randn(2, 3),), trace_joint=joint, output_loss_index=0)
+        gm, sig = aot_export_module(
+            mod, (torch.randn(2, 3),), trace_joint=joint, output_loss_index=0
+        )
         assert len(sig.user_outputs) == 1
 
 
@@ -220,7 +256,9 @@ def test_export_leaves_the_module_untouched() -> None:
 
 def test_dynamic_shapes_give_symbolic_placeholders() -> None:
     gm, _ = aot_export_module(
-        MLPLoss(), (torch.randn(5, 4), torch.tensor([0, 1, 1, 0, 1])), trace_joint=False,
+        MLPLoss(),
+        (torch.randn(5, 4), torch.tensor([0, 1, 1, 0, 1])),
+        trace_joint=False,
         dynamic_shapes=True,
     )
     x_node = list(gm.graph.find_nodes(op="placeholder"))[4]
@@ -231,7 +269,7 @@ def test_dynamic_shapes_give_symbolic_placeholders() -> None:
 
 
 class Returns(nn.Module):
-    def __init__(self, body: Callable[[nn.Module, torch.Tensor], Any]) -> None:
+    def __init__(self, body: Callable[[Returns, torch.Tensor], Any]) -> None:
         super().__init__()
         self.lin = nn.Linear(3, 3)
         self.register_buffer("buf", torch.zeros(3))
@@ -254,55 +292,82 @@ class AssignsAttribute(nn.Module):
         return (self.cache.sum(),)
 
 
-ERRORS: list[tuple[str, Callable[[], None], str]] = [
+ERRORS: list[tuple[str, Callable[[], object], str]] = [
     (
         "no_loss_index",
-        lambda: aot_export_module(Returns(lambda m, x: (m.lin(x).sum(),)), (torch.randn(2, 3),), trace_joint=True),
+        lambda: aot_export_module(
+            Returns(lambda m, x: (m.lin(x).sum(),)), (torch.randn(2, 3),), trace_joint=True
+        ),
         "output_loss_index",
     ),
     (
         "loss_not_scalar",
-        lambda: aot_export_module(Returns(lambda m, x: (m.lin(x),)), (torch.randn(2, 3),), trace_joint=True, output_loss_index=0),
+        lambda: aot_export_module(
+            Returns(lambda m, x: (m.lin(x),)),
+            (torch.randn(2, 3),),
+            trace_joint=True,
+            output_loss_index=0,
+        ),
         "must be a scalar",
     ),
     (
         "loss_without_grad",
-        lambda: aot_export_module(Returns(lambda m, x: (m.lin(x).sum().detach(),)), (torch.randn(2, 3),), trace_joint=True, output_loss_index=0),
+        lambda: aot_export_module(
+            Returns(lambda m, x: (m.lin(x).sum().detach(),)),
+            (torch.randn(2, 3),),
+            trace_joint=True,
+            output_loss_index=0,
+        ),
         "does not require gradients",
     ),
     (
         "other_output_requires_grad",
-        lambda: aot_export_module(Returns(lambda m, x: (m.lin(x), m.lin(x).sum())), (torch.randn(2, 3),), trace_joint=True, output_loss_index=1),
+        lambda: aot_export_module(
+            Returns(lambda m, x: (m.lin(x), m.lin(x).sum())),
+            (torch.randn(2, 3),),
+            trace_joint=True,
+            output_loss_index=1,
+        ),
         "output 0 requires gradients",
     ),
     (
         "metadata_mutation",
-        lambda: aot_export_module(Returns(lambda m, x: (x.t_().sum(),)), (torch.randn(2, 3),), trace_joint=False),
+        lambda: aot_export_module(
+            Returns(lambda m, x: (x.t_().sum(),)), (torch.randn(2, 3),), trace_joint=False
+        ),
         "metadata mutation",
     ),
     (
         "grad_input_data_mutation",
         lambda: aot_export_module(
-            Returns(lambda m, x: (m.lin(x.mul_(2)).sum(),)), (torch.randn(2, 3, requires_grad=True),),
-            trace_joint=True, output_loss_index=0,
+            Returns(lambda m, x: (m.lin(x.mul_(2)).sum(),)),
+            (torch.randn(2, 3, requires_grad=True),),
+            trace_joint=True,
+            output_loss_index=0,
         ),
         "requires gradients and received a data mutation",
     ),
     (
         "parameter_mutation",
-        lambda: aot_export_module(Returns(lambda m, x: (m.lin.weight.add_(1).sum() + x.sum(),)), (torch.randn(2, 3),), trace_joint=False),
+        lambda: aot_export_module(
+            Returns(lambda m, x: (m.lin.weight.add_(1).sum() + x.sum(),)),
+            (torch.randn(2, 3),),
+            trace_joint=False,
+        ),
         "parameter lin.weight was mutated",
     ),
     (
         "tensor_attribute_assigned",
-        lambda: aot_export_module(AssignsAttribute(), (torch.randn(2, 3),), trace_joint=True, output_loss_index=0),
+        lambda: aot_export_module(
+            AssignsAttribute(), (torch.randn(2, 3),), trace_joint=True, output_loss_index=0
+        ),
         r"self\.cache was assigned during export",
     ),
 ]
 
 
 @pytest.mark.parametrize("make_error", [e[1] for e in ERRORS], ids=[e[0] for e in ERRORS])
-def test_each_restriction_raises_a_runtime_error(make_error: Callable[[], None]) -> None:
+def test_each_restriction_raises_a_runtime_error(make_error: Callable[[], object]) -> None:
     message = {e[1]: e[2] for e in ERRORS}[make_error]
     with pytest.raises(RuntimeError, match=message):
         make_error()
@@ -312,7 +377,9 @@ def test_assigned_attribute_is_restored_and_error_is_also_a_value_error() -> Non
     mod = AssignsAttribute()
     with pytest.raises(TensorAttributeAssignedError) as info:
         aot_export_module(mod, (torch.randn(2, 3),), trace_joint=False)
-    assert isinstance(info.value, ValueError) and isinstance(info.value, AOTExportError | RuntimeError)
+    assert isinstance(info.value, ValueError) and isinstance(
+        info.value, AOTExportError | RuntimeError
+    )
     assert mod.cache is None and mod.calls == 0
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
@@ -12,7 +12,9 @@ from aotkit_partitioners import default_partition
 from torch._functorch.aot_autograd import aot_export_joint_simple as torch_joint_simple
 
 
-def two_outputs(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def two_outputs(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     return a.sin() * b, (a * c).cos()
 
 
@@ -49,7 +51,8 @@ def test_inference_graph_has_the_functions_calling_convention(program: Callable[
 def test_joint_graph_matches_torch_and_autograd(program: Callable[..., Any]) -> None:
     args = _args(requires_grad=True)
     gm = aot_export_joint_simple(program, args, trace_joint=True)
-    ref = torch_joint_simple(program, args, trace_joint=True)
+    # torch annotates the result as Callable[..., Any]; it is a GraphModule
+    ref = cast(torch.fx.GraphModule, torch_joint_simple(program, args, trace_joint=True))
     outs = program(*args)
     tangents = [torch.randn_like(o) for o in outs]
     primals = [a.detach() for a in args]
@@ -83,24 +86,48 @@ def test_partitioned_forward_keeps_the_calling_convention() -> None:
 
 def test_decompositions_apply() -> None:
     args = _args(requires_grad=True)
-    gm = aot_export_joint_simple(list_output, args, trace_joint=True, decompositions=default_decompositions())
+    gm = aot_export_joint_simple(
+        list_output, args, trace_joint=True, decompositions=default_decompositions()
+    )
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     assert torch.ops.aten.gelu_backward.default not in targets
 
 
 ERRORS: list[tuple[str, Callable[..., Any], tuple[Any, ...], str]] = [
-    ("input_mutation", lambda a: (a.mul_(2),), (torch.randn(3),), "does not support input mutations"),
+    (
+        "input_mutation",
+        lambda a: (a.mul_(2),),
+        (torch.randn(3),),
+        "does not support input mutations",
+    ),
     ("output_is_input", lambda a: (a,), (torch.randn(3),), "does not support outputs that alias"),
-    ("output_views_input", lambda a: (a.view(3),), (torch.randn(3),), "does not support outputs that alias"),
-    ("output_not_a_sequence", lambda a: a + 1, (torch.randn(3),), "outputs to be a single list/tuple"),
+    (
+        "output_views_input",
+        lambda a: (a.view(3),),
+        (torch.randn(3),),
+        "does not support outputs that alias",
+    ),
+    (
+        "output_not_a_sequence",
+        lambda a: a + 1,
+        (torch.randn(3),),
+        "outputs to be a single list/tuple",
+    ),
     ("nested_output", lambda a: ((a + 1, a + 2),), (torch.randn(3),), "individual outputs"),
-    ("pytree_input", lambda xs: (xs[0] + 1,), ([torch.randn(3)],), "individual inputs not to be pytrees"),
+    (
+        "pytree_input",
+        lambda xs: (xs[0] + 1,),
+        ([torch.randn(3)],),
+        "individual inputs not to be pytrees",
+    ),
 ]
 
 
 @pytest.mark.parametrize("error", ERRORS, ids=[e[0] for e in ERRORS])
 @pytest.mark.parametrize("trace_joint", [False, True])
-def test_restrictions_raise_like_torch(error: tuple[str, Callable[..., Any], tuple[Any, ...], str], trace_joint: bool) -> None:
+def test_restrictions_raise_like_torch(
+    error: tuple[str, Callable[..., Any], tuple[Any, ...], str], trace_joint: bool
+) -> None:
     _, fn, args, message = error
     with pytest.raises(RuntimeError, match=message):
         aot_export_joint_simple(fn, args, trace_joint=trace_joint)

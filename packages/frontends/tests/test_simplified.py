@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import torch
-from torch._dynamo.utils import GmWrapper
 import torch.fx
 import torch.nn as nn
 from aotkit_backends import nop
 from aotkit_frontends import aot_module_simplified
 from aotkit_frontends._simplified import dynamo_metadata
+from torch._dynamo.utils import GmWrapper
 from torch._functorch.aot_autograd import aot_module_simplified as torch_simplified
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
@@ -40,6 +40,8 @@ class ListOut(nn.Module):
 
 
 class BufferAndInputMutation(nn.Module):
+    steps: torch.Tensor
+
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 4)
@@ -82,7 +84,11 @@ class Case:
 CASES = [
     Case("tuple_mlp", TupleMLP, lambda: [torch.randn(3, 4, requires_grad=True)]),
     Case("list_out", ListOut, lambda: [torch.randn(2, 4), torch.randn(4, 4)]),
-    Case("mutations", BufferAndInputMutation, lambda: [torch.randn(2, 4, requires_grad=True), torch.zeros(2, 4)]),
+    Case(
+        "mutations",
+        BufferAndInputMutation,
+        lambda: [torch.randn(2, 4, requires_grad=True), torch.zeros(2, 4)],
+    ),
     Case("batchnorm", BatchNormNet, lambda: [torch.randn(2, 2, 5, 5)]),
     Case("tied_weights", TiedWeights, lambda: [torch.randn(3, 4)]),
 ]
@@ -100,7 +106,7 @@ def _run(
     out = forward(list(args)) if boxed else forward(*args)
     loss = sum(o.float().square().sum() for o in out if o.requires_grad)
     if isinstance(loss, torch.Tensor):
-        loss.backward()
+        torch.autograd.backward([loss])
     grads = [p.grad for p in mod.parameters()]
     return out, [a.detach() for a in args], grads, [b.clone() for b in mod.buffers()]
 
@@ -123,7 +129,10 @@ def test_matches_torch(case: Case) -> None:
 def test_keeps_the_module_output_container() -> None:
     x = torch.randn(3, 4)
     assert type(aot_module_simplified(TupleMLP(), [x], nop)(x)) is tuple
-    assert type(aot_module_simplified(ListOut(), [x[:2], x[:1].expand(4, 4)], nop)(x[:2], x[:1])) is list
+    assert (
+        type(aot_module_simplified(ListOut(), [x[:2], x[:1].expand(4, 4)], nop)(x[:2], x[:1]))
+        is list
+    )
 
 
 def test_forward_follows_torchs_calling_convention_and_exposes_module_methods() -> None:
@@ -184,7 +193,7 @@ def test_pre_grad_passes_rewrite_the_graph_first() -> None:
 
     x = torch.randn(3, 4)
     out = aot_module_simplified(gm, [x], nop, pre_grad_passes=swap_tanh_for_relu)(x)
-    torch.testing.assert_close(out[1], gm.a(x).relu().sum(1))
+    torch.testing.assert_close(out[1], cast(nn.Module, gm.a)(x).relu().sum(1))
 
 
 def test_no_dynamo_metadata_without_dynamo() -> None:

@@ -18,13 +18,13 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_analysis import InputLayout, collect_metadata, compute_input_layout
+from aotkit_runtime import AutogradPlan, as_list_caller, make_autograd_function, make_epilogue
 from aotkit_schemas import (
     AOTConfig,
     OutputType,
     PartitionResult,
     ViewAndMutationMeta,
 )
-from aotkit_runtime import AutogradPlan, as_list_caller, make_autograd_function, make_epilogue
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily

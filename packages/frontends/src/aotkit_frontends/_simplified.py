@@ -23,9 +23,9 @@ from typing import Any, cast
 
 import torch
 import torch.fx
-from torch._dynamo.utils import GmWrapper
 import torch.nn as nn
 from aotkit_partitioners import default_partition
+from torch._dynamo.utils import GmWrapper
 from torch._guards import Source, TracingContext
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils import stateless

@@ -39,5 +39,6 @@ unwrap_functional: Callable[[torch.Tensor], torch.Tensor] = _binding("_from_func
 
 def view_func(t: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """The recorded view chain of a view tensor, replayable on a new base."""
-    fn: Callable[[torch.Tensor], torch.Tensor] = getattr(t, "_view_func")
+    # getattr: _view_func is missing from torch's stubs
+    fn: Callable[[torch.Tensor], torch.Tensor] = getattr(t, "_view_func")  # noqa: B009
     return fn

@@ -9,8 +9,8 @@ from ._config import AOTConfig as AOTConfig
 from ._protocols import CompiledGraph as CompiledGraph
 from ._protocols import Compiler as Compiler
 from ._protocols import DecompositionTable as DecompositionTable
-from ._protocols import PartitionResult as PartitionResult
 from ._protocols import Partitioner as Partitioner
+from ._protocols import PartitionResult as PartitionResult
 from ._protocols import graph_outputs as graph_outputs
 from ._protocols import is_boxed as is_boxed
 from ._protocols import is_sym_node as is_sym_node
