@@ -10,6 +10,7 @@ import torch.fx
 
 from ._extract import build_modules
 from ._joint import JointInfo, analyze_joint, forward_available, is_primal
+from ._ops import ban_reason, must_recompute, mutated_readers
 
 
 def forward_region(info: JointInfo) -> set[torch.fx.Node]:
@@ -40,6 +41,32 @@ def forward_region(info: JointInfo) -> set[torch.fx.Node]:
     return forward_available(info, region)
 
 
+def _honour_checkpoint_tags(
+    info: JointInfo, read: list[torch.fx.Node]
+) -> tuple[list[torch.fx.Node], set[torch.fx.Node]]:
+    """Replace values tagged for recomputation (activation checkpointing) by their inputs.
+
+    Returns the values to save and the nodes the backward recomputes. See
+    Note [Recomputation policy] for which tags are honoured.
+    """
+    saved: list[torch.fx.Node] = []
+    recomputed: set[torch.fx.Node] = set()
+    if not any(must_recompute(n) for n in info.nodes):
+        return read, recomputed
+    mutated = mutated_readers(list(info.nodes))
+    stack = list(reversed(read))
+    while stack:
+        node = stack.pop()
+        if node in recomputed:
+            continue
+        if must_recompute(node) and ban_reason(node, node in mutated) is None:
+            recomputed.add(node)
+            stack.extend(node.all_input_nodes)
+        else:
+            saved.append(node)
+    return saved, recomputed
+
+
 def default_partition(
     joint_module: torch.fx.GraphModule,
     joint_inputs: Any,
@@ -52,7 +79,8 @@ def default_partition(
 
     The forward graph computes what the user's forward computed; every forward value the
     backward reads is saved (a size rather than a tensor when the backward needs only the
-    size); the backward graph recomputes nothing. Both graphs are free of dead code.
+    size); the backward graph recomputes nothing, except values activation checkpointing
+    tagged for recomputation. Both graphs are free of dead code.
     See Note [Joint graph calling convention] in ``aotkit_schemas``.
 
     ``joint_inputs`` is unused and other keyword arguments are accepted and ignored, so the
@@ -61,12 +89,13 @@ def default_partition(
     del joint_inputs, kwargs
     info = analyze_joint(joint_module, num_fwd_outputs)
     fw_nodes = forward_region(info)
-    saved = [
+    read = [
         node
         for node in info.nodes
         if node in fw_nodes and any(u in info.bw_required and u not in fw_nodes for u in node.users)
     ]
-    bw_allowed = set(info.nodes) - fw_nodes
+    saved, recomputed = _honour_checkpoint_tags(info, read)
+    bw_allowed = (set(info.nodes) - fw_nodes) | recomputed
     return build_modules(
         info,
         saved,

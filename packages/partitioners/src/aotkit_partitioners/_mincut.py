@@ -39,7 +39,7 @@ from ._cost import SYMINT_BYTES, node_bytes
 from ._cse import cse_graph, duplicates
 from ._extract import PartitionError, build_modules
 from ._joint import JointInfo, analyze_joint, ancestors, is_primal, is_tuple_node, nodes_of
-from ._ops import ban_reason, mutated_readers
+from ._ops import ban_reason, must_recompute, mutated_readers
 
 _SOURCE = -1
 _SINK = -2
@@ -52,7 +52,14 @@ EPILOGUE_MUTATION_KEY = "aot_runtime_epilogue_input_mutation"
 
 # Ban reasons no caller may lift: recomputing would change the result or is impossible.
 HARD_BANS = frozenset(
-    {"graph input", "random op", "side effect", "reads a mutated tensor", "not a call_function"}
+    {
+        "graph input",
+        "random op",
+        "side effect",
+        "reads a mutated tensor",
+        "not a call_function",
+        "checkpoint policy MUST_SAVE",
+    }
 )
 
 
@@ -101,7 +108,12 @@ def build_problem(
                 banned[n] = reason
         if is_sym_node(n):
             nbytes[n] = SYMINT_BYTES
-        elif is_tuple_node(n) or not _is_tensor(n) or n.meta.get(EPILOGUE_MUTATION_KEY):
+        elif (
+            is_tuple_node(n)
+            or not _is_tensor(n)
+            or n.meta.get(EPILOGUE_MUTATION_KEY)
+            or (must_recompute(n) and banned.get(n) is None)
+        ):
             nbytes[n] = None
         else:
             nbytes[n] = 0 if n in static else node_bytes(n)

@@ -12,6 +12,11 @@
 # * allowed: pointwise ops, views, getitem, symbolic-size arithmetic, factory ops and a short
 #   list of cheap data movement and reductions.
 #
+# Activation-checkpointing tags (``meta['recompute']``) override the list: a node tagged
+# MUST/PREFER_RECOMPUTE is never saved and may be recomputed even if compute-heavy, one
+# tagged MUST/PREFER_SAVE is never recomputed. Tags on random or effectful ops are ignored
+# (recomputing them would change the result): those are always saved.
+#
 # The rule binds only nodes the forward must compute anyway. A tangent-free node that only
 # the backward needs (``t(weight)`` feeding a gradient matmul) is not a recomputation; the
 # partitioner may put it in either graph.
@@ -27,6 +32,7 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_schemas import is_sym_node
+from torch.utils.checkpoint import CheckpointPolicy
 
 from ._cost import input_bytes, node_bytes
 from ._joint import is_impure
@@ -130,10 +136,29 @@ def is_shrinking_reduction(node: torch.fx.Node) -> bool:
     return out * 4 < input_bytes(node)
 
 
+def checkpoint_policy(node: torch.fx.Node) -> CheckpointPolicy | None:
+    """The activation-checkpointing policy a tracer recorded on ``node`` (``meta['recompute']``).
+
+    torch.utils.checkpoint (selective activation checkpointing) tags the nodes of a
+    checkpointed region this way; the partitioners honour the tags where it is safe.
+    """
+    policy = node.meta.get("recompute")
+    return policy if isinstance(policy, CheckpointPolicy) else None
+
+
+def must_recompute(node: torch.fx.Node) -> bool:
+    """Tagged for recomputation by activation checkpointing (never saved)."""
+    return checkpoint_policy(node) in (
+        CheckpointPolicy.MUST_RECOMPUTE,
+        CheckpointPolicy.PREFER_RECOMPUTE,
+    )
+
+
 def ban_reason(node: torch.fx.Node, reads_mutated: bool) -> str | None:
     """Why the backward may not recompute ``node``; None if it may.
 
-    See Note [Recomputation policy].
+    See Note [Recomputation policy]. A node tagged for recomputation by activation
+    checkpointing may be recomputed even if compute-heavy (not if random or effectful).
     """
     if node.op == "placeholder":
         return "graph input"
@@ -145,6 +170,13 @@ def ban_reason(node: torch.fx.Node, reads_mutated: bool) -> str | None:
         return "side effect"
     if reads_mutated:
         return "reads a mutated tensor"
+    policy = checkpoint_policy(node)
+    if policy is CheckpointPolicy.MUST_SAVE:
+        return "checkpoint policy MUST_SAVE"
+    if policy is CheckpointPolicy.PREFER_SAVE:
+        return "checkpoint policy PREFER_SAVE"
+    if must_recompute(node):
+        return None
     if is_compute_intensive(node):
         return "compute intensive"
     if not is_allowlisted(node):
