@@ -478,18 +478,31 @@ def unsafe_view_outputs(run: Run) -> frozenset[int]:
     """Tensor-output positions aotkit classified unsafe_view_alias (empty if it raised)."""
     if not run.observations or run.observations[0].raised is not None:
         return frozenset()
-    meta, _ = aotkit_meta(run)
-    tensors = [o for o in meta.output_info if o.raw_type is torch.Tensor]
-    return frozenset(
-        j for j, o in enumerate(tensors) if o.output_type.name == "unsafe_view_alias"
-    )
+    kinds = tensor_output_kinds(run)
+    return frozenset(j for j, kind in enumerate(kinds) if kind.name == "unsafe_view_alias")
 
 
-def aotkit_meta(run: Run) -> Any:
-    """The ViewAndMutationMeta of aotkit's first compiled entry of a run."""
+def _first_entry(run: Run) -> Any:
     fn = run.compiled
     if isinstance(fn, aotkit_frontends.AOTModule):
         fn = fn._compiled
-    cache = fn._aotkit_cache
-    return cache.artifacts[0].meta, cache.artifacts[0].layout
+    return fn._aotkit_cache.entries[0]
+
+
+def aotkit_meta(run: Run) -> Any:
+    """The ViewAndMutationMeta and InputLayout of aotkit's first compiled entry of a run."""
+    _, _, artifacts = _first_entry(run)
+    return artifacts.meta, artifacts.layout
+
+
+def tensor_output_kinds(run: Run) -> list[Any]:
+    """aotkit's OutputType of every tensor leaf of the output pytree, in leaf order (a
+    tensor returned twice is one graph output; see Note [Output leaves])."""
+    _, outputs, artifacts = _first_entry(run)
+    by_leaf = {
+        leaf: info for leaf, info in zip(outputs.graph_leaf_indices, artifacts.meta.output_info, strict=True)
+    }
+    for leaf, first in outputs.repeats.items():
+        by_leaf[leaf] = by_leaf[first]
+    return [by_leaf[i].output_type for i in sorted(by_leaf) if by_leaf[i].raw_type is torch.Tensor]
 

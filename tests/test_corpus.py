@@ -18,6 +18,7 @@ from _harness import (
     compare_runs,
     compile_problems,
     run_case,
+    tensor_output_kinds,
     unsafe_view_outputs,
 )
 from aotkit_schemas import OutputType
@@ -32,7 +33,10 @@ CASES = all_cases()
 
 
 def _param(case: Case) -> Any:
-    return pytest.param(case, id=case.name)
+    marks = []
+    if case.aotkit_bug is not None:
+        marks.append(pytest.mark.xfail(strict=True, reason=f"BUG: {case.aotkit_bug}"))
+    return pytest.param(case, id=case.name, marks=marks)
 
 
 def _torch_meta(case: Case, run: Run) -> Any:
@@ -68,7 +72,7 @@ def _metadata_problems(case: Case, aot: Run) -> list[str]:
         return []
     problems = []
     meta, layout = aotkit_meta(aot)
-    outs = tuple(o.output_type for o in meta.output_info if o.raw_type is torch.Tensor)
+    outs = tuple(tensor_output_kinds(aot))
     ins = tuple(i.mutation_type for i in meta.input_info)
     if case.expect_outputs is not None and outs != case.expect_outputs:
         problems.append(f"aotkit output kinds {_names(outs)}, expected {_names(case.expect_outputs)}")

@@ -175,6 +175,20 @@ def leaf_mutated_through_data(w):
     return w * 2
 
 
+@case(
+    inputs=lambda: (rand(4, 4),),
+    torch_differs=TorchDiffers("functionalization bans it (pytorch issue 104505)", raises=True),
+    aotkit_bug=(
+        "a mutation through a view chain with as_strided after its first link is rejected "
+        "by torch's functionalization, which aotkit uses"
+    ),
+)
+def mutation_through_view_of_an_as_strided_view(x):
+    v = x[1:].as_strided((2, 2), (4, 1), 5)
+    v.mul_(2)
+    return x.sum()
+
+
 # ---- metadata mutations ----------------------------------------------------------------
 
 

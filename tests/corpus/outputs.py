@@ -48,6 +48,17 @@ def out_same_input_twice(x, y):
     return x, x, x + y
 
 
+@case(
+    inputs=lambda: (rand(3, 4, grad=True),),
+    expect_outputs=(OF_INPUT, OF_INPUT, NA, NA),
+    torch_differs=TorchDiffers("an alias returned twice comes back as two different views"),
+)
+def out_same_view_returned_twice(x):
+    v = x.t()
+    y = x * 2
+    return v, v, y, y
+
+
 # ---- alias_of_input --------------------------------------------------------------------
 
 

@@ -3,12 +3,14 @@
 from ._collect_metadata import collect_metadata as collect_metadata
 from ._input_layout import AliasedMember as AliasedMember
 from ._input_layout import InputLayout as InputLayout
+from ._input_layout import MemberEffects as MemberEffects
 from ._input_layout import SyntheticBaseGroup as SyntheticBaseGroup
 from ._input_layout import compute_input_layout as compute_input_layout
 
 __all__ = [
     "AliasedMember",
     "InputLayout",
+    "MemberEffects",
     "SyntheticBaseGroup",
     "collect_metadata",
     "compute_input_layout",

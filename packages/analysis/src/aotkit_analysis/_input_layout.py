@@ -11,6 +11,12 @@
 # The compiled inputs are ``(*kept user inputs in order, *synthetic bases)``. The layout is
 # a function of the runtime aliasing pattern, so the frontend computes it on every call and
 # compiles once per distinct pattern (it never assumes the first call's pattern).
+#
+# Data mutations of a member land in the base and every member sees them. Two things the
+# metadata of the compiled function can't say about a member are recorded while tracing
+# (``MemberEffects``) and replayed by the runner: a member returned as an output (the
+# caller must get its own tensor back, ``out is x``), and a metadata mutation of a member
+# (``x.t_()``), applied with ``as_strided_`` to the caller's tensor.
 """
 
 from __future__ import annotations
@@ -48,6 +54,30 @@ class SyntheticBaseGroup:
         assert self.base_user_index is None or self.common_view_base_of is None
 
 
+@dataclass
+class MemberEffects:
+    """What a traced call did to inputs regenerated from synthetic bases.
+
+    See Note [Duplicate and aliased inputs]. Filled each time the wrapped function is
+    traced; every trace of one layout records the same facts.
+    """
+
+    # flat output position -> user input index, for outputs that *are* a member
+    returned: dict[int, int] = field(default_factory=dict)
+    # user input index -> (size, stride, storage_offset) after a metadata mutation
+    new_metadata: dict[int, tuple[tuple[int, ...], tuple[int, ...], int]] = field(
+        default_factory=dict
+    )
+
+    def apply(self, flat_args: Sequence[Any], outs: list[Any]) -> list[Any]:
+        """Replay the effects on the caller's inputs and outputs after a call."""
+        for i, (size, stride, offset) in self.new_metadata.items():
+            flat_args[i].as_strided_(size, stride, offset)
+        for j, i in self.returned.items():
+            outs[j] = flat_args[i]
+        return outs
+
+
 @dataclass(frozen=True)
 class InputLayout:
     """Dedupe + synthetic-base calling convention. See Note [Duplicate and aliased inputs]."""
@@ -59,6 +89,8 @@ class InputLayout:
     kept: tuple[int, ...]
     synthetic_bases: tuple[SyntheticBaseGroup, ...] = ()
     key: tuple[Any, ...] = field(init=False)
+    # recorded by the function ``wrap_for_tracing`` returns; not part of the key
+    member_effects: MemberEffects = field(default_factory=MemberEffects, compare=False)
 
     def __post_init__(self) -> None:
         assert len(self.first_occurrence) == self.num_user_inputs
@@ -101,14 +133,41 @@ class InputLayout:
             for g, group in enumerate(layout.synthetic_bases):
                 base = compiled_args[len(layout.kept) + g]
                 for m in group.members:
+                    if m.user_index == group.base_user_index:
+                        # the member that is the base is the compiled input itself
+                        user[m.user_index] = base
+                        continue
                     src = base if base.dtype == m.dtype else base.view(m.dtype)
                     user[m.user_index] = src.as_strided(m.size, m.stride, m.storage_offset)
             for i, first in enumerate(layout.first_occurrence):
                 if first != i:
                     user[i] = user[first]
-            return flat_fn(*user)
+            outs = flat_fn(*user)
+            layout._record_member_effects(user, outs)
+            return outs
 
         return with_layout
+
+
+    def _record_member_effects(self, user: Sequence[Any], outs: Sequence[Any]) -> None:
+        effects = self.member_effects
+        effects.returned.clear()
+        effects.new_metadata.clear()
+        members = [m for g in self.synthetic_bases for m in g.members]
+        by_id = {id(user[m.user_index]): m.user_index for m in members}
+        for j, o in enumerate(outs):
+            if id(o) in by_id:
+                effects.returned[j] = by_id[id(o)]
+        for m in members:
+            t = user[m.user_index]
+            after = (tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            if not all(type(v) is int for v in (*after[0], *after[1], after[2])):
+                raise RuntimeError(
+                    "aotkit: an input that aliases another mutated input has symbolic "
+                    "sizes; clone it before the call or compile with static shapes."
+                )
+            if after != (m.size, m.stride, m.storage_offset):
+                effects.new_metadata[m.user_index] = after
 
 
 def _make_base(flat_args: Sequence[Any], group: SyntheticBaseGroup) -> torch.Tensor:

@@ -206,9 +206,13 @@ def compile_flat(
 
         return run_trivial, artifacts
 
+    effects = layout.member_effects
+
     def run(args: list[Any]) -> list[Any]:
         compiled_args = layout.compiled_args(args)
-        return epilogue(compiled_args, call(list(compiled_args)))
+        outs = epilogue(compiled_args, call(list(compiled_args)))
+        # See Note [Duplicate and aliased inputs]
+        return effects.apply(args, outs)
 
     return run, artifacts
 

@@ -7,6 +7,8 @@
 #     re-inserted at run time (they cannot depend on tensor values, or tracing would have
 #     failed).
 # Any other leaf type is an error that names the type and where it was found.
+# A tensor returned more than once (``return v, v``) is one graph leaf; the others are
+# recorded as repeats and get the very same object back at run time, as in eager.
 """
 
 from __future__ import annotations
@@ -42,12 +44,15 @@ class OutputLayout:
     num_leaves: int = 0
     graph_leaf_indices: list[int] = field(default_factory=list)
     constants: dict[int, Any] = field(default_factory=dict)
+    # leaf index -> index of the earlier leaf that is the same tensor
+    repeats: dict[int, int] = field(default_factory=dict)
     # fast paths for unflatten: a bare tensor, or a plain tuple of graph leaves
     single_leaf: bool = False
     flat_tuple: bool = False
 
     def record(self, out: Any) -> list[Any]:
         leaves, spec = pytree.tree_flatten(out, is_leaf=_is_constant_size)
+        repeats = _repeated_tensors(leaves)
         if self.spec is None:
             graph_idx: list[int] = []
             constants: dict[int, Any] = {}
@@ -56,6 +61,8 @@ class OutputLayout:
                 for p, _ in pytree.tree_flatten_with_path(out, is_leaf=_is_constant_size)[0]
             ]
             for i, leaf in enumerate(leaves):
+                if i in repeats:
+                    continue
                 if isinstance(leaf, _GRAPH_TYPES):
                     graph_idx.append(i)
                 elif isinstance(leaf, _CONSTANT_TYPES):
@@ -70,12 +77,13 @@ class OutputLayout:
                     )
             self.spec, self.num_leaves = spec, len(leaves)
             self.graph_leaf_indices, self.constants = graph_idx, constants
-            simple = not constants
+            self.repeats = repeats
+            simple = not constants and not repeats
             self.single_leaf = simple and spec.is_leaf()
             self.flat_tuple = (
                 simple and spec == pytree.tree_flatten(tuple(range(len(leaves))))[1]
             )
-        elif spec != self.spec:
+        elif spec != self.spec or repeats != self.repeats:
             raise RuntimeError(
                 "aotkit: the function returned a different output structure while tracing "
                 f"({spec} vs {self.spec}); outputs must not depend on tracing."
@@ -88,14 +96,28 @@ class OutputLayout:
         if self.flat_tuple:
             return tuple(graph_outputs)
         assert self.spec is not None
-        if not self.constants:
+        if not self.constants and not self.repeats:
             return pytree.tree_unflatten(list(graph_outputs), self.spec)
         leaves: list[Any] = [None] * self.num_leaves
         for i, v in self.constants.items():
             leaves[i] = v
         for i, v in zip(self.graph_leaf_indices, graph_outputs, strict=True):
             leaves[i] = v
+        for i, first in self.repeats.items():
+            leaves[i] = leaves[first]
         return pytree.tree_unflatten(leaves, self.spec)
+
+
+def _repeated_tensors(leaves: Sequence[Any]) -> dict[int, int]:
+    """Leaf index -> first index of the same tensor object, for tensors seen before."""
+    first: dict[int, int] = {}
+    repeats: dict[int, int] = {}
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.Tensor):
+            j = first.setdefault(id(leaf), i)
+            if j != i:
+                repeats[i] = j
+    return repeats
 
 
 def flatten_function(

@@ -1,0 +1,165 @@
+"""Behaviour around compilation that is not a differential comparison: errors that explain
+themselves, when compilation happens, and calls that fail half-way.
+
+Every corpus case already checks graph purity and compile counts (see
+Note [What the differential harness compares]); these tests cover what the corpus can't.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from aotkit_frontends import AOTCompileError, UnsupportedOutputError, aot_function
+from torch._functorch import aot_autograd as torch_aot
+
+
+def nop(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+    return gm
+
+
+class Counting:
+    """A nop compiler that counts the graphs it receives."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        self.graphs.append(gm)
+        return gm
+
+
+# ---- errors that name their cause ----------------------------------------------------
+
+
+def test_data_dependent_control_flow_is_an_aot_compile_error_with_a_remedy() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if x.sum() > 0:
+            return x * 2
+        return x - 1
+
+    with pytest.raises(AOTCompileError) as info:
+        aot_function(f, nop)(torch.randn(4, requires_grad=True))
+    message = str(info.value)
+    assert "data-dependent" in message
+    assert "if x.sum() > 0" in message  # the cause, in the user's terms
+    assert "torch.where" in message and "torch.cond" in message  # the remedies
+
+
+def test_item_is_an_aot_compile_error() -> None:
+    with pytest.raises(AOTCompileError, match="item"):
+        aot_function(lambda x: x * x.max().item(), nop)(torch.randn(3))
+
+
+class Opaque:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("leaf", "type_name"),
+    [(Opaque(), "Opaque"), (object(), "builtins.object"), (lambda: 0, "function")],
+)
+def test_unsupported_output_leaf_names_its_type_and_place(leaf: Any, type_name: str) -> None:
+    def f(x: torch.Tensor) -> Any:
+        return {"ok": x * 2, "bad": [x + 1, leaf]}
+
+    with pytest.raises(UnsupportedOutputError) as info:
+        aot_function(f, nop)(torch.randn(3, requires_grad=True))
+    message = str(info.value)
+    assert type_name in message
+    assert "['bad'][1]" in message
+
+
+def test_double_backward_raises_a_clear_error() -> None:
+    f = aot_function(lambda x: (x**3).sum(), nop)
+    x = torch.randn(3, requires_grad=True)
+    (g,) = torch.autograd.grad(f(x), x, create_graph=True)
+    # first-order gradients are right
+    torch.testing.assert_close(g, 3 * x.detach() ** 2)
+    with pytest.raises(RuntimeError, match="not differentiable twice") as info:
+        g.sum().backward()
+    assert "create_graph=True" in str(info.value)
+
+
+# ---- when compilation happens --------------------------------------------------------
+
+
+def test_new_shapes_compile_once_more_and_old_shapes_reuse_their_graphs() -> None:
+    fw, bw, inf = Counting(), Counting(), Counting()
+    f = aot_function(lambda x: x.sin() * 2, fw, bw, inference_compiler=inf)
+    for shape in [(3,), (3,), (5,), (3,), (5,)]:
+        f(torch.randn(shape, requires_grad=True)).sum().backward()
+    assert (len(fw.graphs), len(bw.graphs), len(inf.graphs)) == (2, 2, 0)
+    with torch.no_grad():
+        f(torch.randn(3, requires_grad=True))
+        f(torch.randn(3, requires_grad=True))
+    assert (len(fw.graphs), len(bw.graphs), len(inf.graphs)) == (2, 2, 1)
+
+
+# ---- a call that fails leaves its inputs alone ---------------------------------------
+# See Note [Runtime epilogue order]: mutations are applied only after the compiled graph
+# ran to completion. Eager, which mutates as it goes, is not the reference here.
+
+
+def _mutate_then_index(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    x.add_(1)
+    return x[idx] * 2
+
+
+def _mutate_then_matmul(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    x.mul_(3)
+    return x @ w
+
+
+Aot = Callable[..., Any]
+
+
+@pytest.mark.parametrize("aot", [aot_function, torch_aot.aot_function], ids=["aotkit", "torch"])
+def test_runtime_error_in_the_graph_leaves_inputs_unmutated(aot: Aot) -> None:
+    f = aot(_mutate_then_index, nop)
+    x = torch.randn(4)
+    f(x, torch.tensor([0, 3]))  # compiles and works
+    before = x.clone()
+    with pytest.raises(IndexError):
+        f(x, torch.tensor([0, 9]))  # same shapes, no recompile; fails inside the graph
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("aot", [aot_function, torch_aot.aot_function], ids=["aotkit", "torch"])
+def test_shape_error_on_a_second_call_leaves_inputs_unmutated(aot: Aot) -> None:
+    f = aot(_mutate_then_matmul, nop)
+    f(torch.randn(2, 3), torch.randn(3, 4))
+    x, w = torch.randn(2, 3), torch.randn(5, 4)
+    before = x.clone()
+    with pytest.raises(RuntimeError):
+        f(x, w)
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+
+
+def test_a_compiled_forward_that_fails_at_run_time_leaves_inputs_unmutated() -> None:
+    calls = {"n": 0}
+
+    def flaky(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        def run(*args: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise RuntimeError("backend failure")
+            return gm(*args)
+
+        return run
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x.add_(y)
+        return x * y
+
+    g = aot_function(f, flaky)
+    y = torch.randn(3, requires_grad=True)
+    g(torch.randn(3), y)
+    x = torch.randn(3)
+    before = x.clone()
+    with pytest.raises(RuntimeError, match="backend failure"):
+        g(x, y)
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+    assert not x.requires_grad
