@@ -95,6 +95,8 @@ class Observation:
     """One call's observable behaviour. See Note [What the differential harness compares]."""
 
     raised: str | None = None
+    # torch.is_grad_enabled() right after the call (a function may leave it changed)
+    grad_mode_after: bool | None = None
     out_spec: Any = None
     out_leaf_types: list[type] = field(default_factory=list)
     out_constants: dict[int, Any] = field(default_factory=dict)
@@ -189,6 +191,7 @@ def observe_call(
     try:
         with torch.set_grad_enabled(grad_enabled):
             out = fn(*call.args, **call.kwargs)
+            obs.grad_mode_after = torch.is_grad_enabled()
             if after is not None:
                 after(out, call.args)
     except Exception as e:  # noqa: BLE001 - any failure is an observation
@@ -366,6 +369,8 @@ def compare(
             return [f"raised: expected {ref.raised!r}, got {got.raised!r}"]
         return []
     problems: list[str] = []
+    if ref.grad_mode_after != got.grad_mode_after:
+        problems.append(f"grad mode after the call: expected {ref.grad_mode_after}, got {got.grad_mode_after}")
     if (
         ref.out_spec != got.out_spec
         and tuples_may_be_lists

@@ -15,6 +15,7 @@ case = case_registrar("mutation")
 
 NA = OutputType.non_alias
 OF_INPUT = OutputType.alias_of_input
+IS_INPUT = OutputType.is_input
 NM = MutationType.NOT_MUTATED
 OUT_GRAPH = MutationType.MUTATED_OUT_GRAPH
 
@@ -146,3 +147,29 @@ def aliased_inputs_metadata_mutation_only(x, flat):
 @case(inputs=_base_and_flat_view)
 def aliased_inputs_read_only(x, flat):
     return x.sum() + flat.sum()
+
+
+# ``flat`` is regenerated from the synthetic base ``x`` inside the graph, so the metadata
+# calls it an alias of that input; the runner hands back the caller's ``flat`` itself.
+@case(
+    inputs=_base_and_flat_view,
+    expect_outputs=(IS_INPUT, OF_INPUT),
+    torch_differs=TorchDiffers("inputs returned from a synthetic base come back as new views"),
+)
+def aliased_inputs_mutated_and_returned_themselves(x, flat):
+    flat.add_(1)
+    return x, flat
+
+
+@case(inputs=_grad_base_and_views)
+def aliased_grad_inputs_data_and_metadata_mutations(x, row, xt):
+    row.mul_(2)
+    xt.t_()
+    return xt * 1, row.sum()
+
+
+@case(inputs=_two_overlapping_slices)
+def aliased_slices_metadata_mutation_of_the_other(a, b):
+    a.add_(1)
+    b.unsqueeze_(1)
+    return b * 2

@@ -221,6 +221,24 @@ def grad_input_under_no_grad(x):
     return x.exp() + 1
 
 
+@case(inputs=lambda: (rand(3, 3, grad=True),))
+def grad_mode_left_disabled(x):
+    y = x * 2
+    torch.set_grad_enabled(False)
+    return y, x + 1
+
+
+@case(inputs=lambda: (rand(3, 3, grad=True),), grad_enabled=False)
+def grad_mode_left_enabled(x):
+    torch.set_grad_enabled(True)
+    return x * 2
+
+
+@case(inputs=lambda: (rand(4, 8, grad=True),))
+def dropout_training(x):
+    return torch.nn.functional.dropout(x, 0.5, training=True) * 2
+
+
 @case(inputs=lambda: (rand(3, 3, grad=True), rand(3, 3)))
 def output_without_grad_only(x, y):
     return (y * 2).sum(), y.cos()

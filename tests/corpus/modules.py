@@ -114,6 +114,26 @@ def tied_weights():
     return TiedWeights()
 
 
+class RenormalizesInForward(nn.Module):
+    """Rescales its weight in place under no_grad and counts calls in a buffer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        with torch.no_grad():
+            self.lin.weight.div_(self.lin.weight.norm())
+        self.calls.add_(1)
+        return self.lin(x)
+
+
+@case(inputs=lambda: (rand(3, 4),), calls=3, optimizer=_sgd)
+def parameter_mutated_under_no_grad_in_forward():
+    return RenormalizesInForward()
+
+
 @case(inputs=lambda: (rand(3, 5),))
 def layernorm_gru_cell():
     class M(nn.Module):

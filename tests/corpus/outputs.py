@@ -67,6 +67,11 @@ def out_view_of_input(x):
     return x.view(-1)
 
 
+@case(inputs=lambda: (rand(3, 4, grad=True),), expect_outputs=(OF_INPUT, NA), grad_enabled=False)
+def out_view_of_grad_input_under_no_grad(x):
+    return x[0], x * 2
+
+
 @case(inputs=lambda: (rand(3, 4),), expect_outputs=(OF_INPUT, OF_INPUT, OF_INPUT))
 def out_transpose_slice_diagonal_of_input(x):
     return x.t(), x[1:, ::2], x.diagonal()

@@ -101,9 +101,10 @@ def _metadata(
         num_params_buffers=_num_params_after_layout(layout, cfg.num_params_buffers),
         is_export=cfg.is_export,
     )
-    needs_autograd = torch.is_grad_enabled() and any(
-        isinstance(a, torch.Tensor) and a.requires_grad for a in fake
-    )
+    # Not gated on grad mode: a function called under no_grad may enable grad itself.
+    # Whether a backward is needed is decided from the outputs (``_output_needs_grad``),
+    # which the metadata pass computes under the caller's grad mode.
+    needs_autograd = any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake)
     meta, fw_outs = collect_metadata(
         traced_fn,
         fake,

@@ -150,7 +150,10 @@ def make_autograd_function(
             return tuple(bw_holder[0](all_args))
 
     def run(args: list[Any]) -> tuple[Any, ...]:
-        out: tuple[Any, ...] = CompiledFunction.apply(*args)
+        # A training graph is only compiled when an output needs grad; under an outer
+        # no_grad that means the function enabled grad itself, so record the node anyway.
+        with torch.enable_grad():
+            out: tuple[Any, ...] = CompiledFunction.apply(*args)
         if opaque:
             return tuple(o.value if isinstance(o, _Opaque) else o for o in out)
         return out

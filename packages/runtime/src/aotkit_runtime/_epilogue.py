@@ -106,7 +106,7 @@ def make_epilogue(
             else:
                 base = bases[base_idx]
             outs[j] = regenerate_alias(
-                base, outs[j], requires_grad=requires_grad and torch.is_grad_enabled(),
+                base, outs[j], requires_grad=requires_grad,
                 relative_storage_offset=rel,
             )
         if grad_mode_after is not None:
