@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from aotkit_partitioners import (
     cse,
+    default_partition,
     min_cut_rematerialization_partition,
     partition_report,
 )
@@ -130,3 +131,14 @@ def test_input_mutated_by_epilogue_is_never_saved() -> None:
     fw, bw = min_cut_rematerialization_partition(marked, traced.inputs, num_fwd_outputs=1)
     assert "primals_1" not in dict(partition_report(fw, bw, 1).saved_tensors)
     torch.testing.assert_close(run_partition(fw, bw, 1, traced.inputs, 2), run_joint(traced))
+
+
+@pytest.mark.parametrize("mode", ["fake", "real"])
+def test_module_constants_read_by_backward(mode: str) -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * torch.tensor([1.0, 2.0, 3.0])).sin().sum()
+
+    traced = make_joint(f, (torch.randn(3, requires_grad=True),), tracing_mode=mode)  # type: ignore[arg-type]
+    for part in (min_cut_rematerialization_partition, default_partition):
+        fw, bw = part(traced.gm, traced.inputs, num_fwd_outputs=1)
+        torch.testing.assert_close(run_partition(fw, bw, 1, traced.inputs, 1), run_joint(traced))

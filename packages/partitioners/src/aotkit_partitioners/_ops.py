@@ -162,6 +162,8 @@ def ban_reason(node: torch.fx.Node, reads_mutated: bool) -> str | None:
     """
     if node.op == "placeholder":
         return "graph input"
+    if node.op == "get_attr":
+        return None  # a constant of the module: either graph can read it
     if node.op != "call_function":
         return "not a call_function"
     if is_random(node):
@@ -193,6 +195,8 @@ def mutated_readers(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
     Storage is tracked through views: a view shares its base's storage, an in-place op's
     result is its mutated argument. Functional graphs (the normal case) give an empty set.
     """
+    if not any(is_mutating(n) for n in nodes):
+        return set()
     parent: dict[torch.fx.Node, torch.fx.Node] = {}
 
     def find(n: torch.fx.Node) -> torch.fx.Node:

@@ -131,6 +131,12 @@ class PartitionerConformance:
         bw_grads = graph_outputs(bw)
         assert len(bw_grads) == len(joint_grads)
         assert [g is None for g in bw_grads] == [g is None for g in joint_grads]
+        joint_nodes = {node.name: node for node in traced.gm.graph.nodes}
+        for gm in (fw, bw):
+            for node in gm.graph.nodes:
+                source = joint_nodes.get(node.name)
+                if node.op != "output" and source is not None and "val" in source.meta:
+                    assert "val" in node.meta, f"{node.name} lost meta['val']"
 
     @pytest.mark.parametrize("case", list(CASES))
     def test_saved_values_are_forward_outputs(self, partitioner: Partitioner, case: str) -> None:
