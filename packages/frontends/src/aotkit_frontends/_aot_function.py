@@ -192,41 +192,72 @@ def aot_function(
 compiled_function = aot_function
 
 
+class _StateSlots:
+    """Where each lifted parameter and buffer lives, so a call reads the module's current
+    tensors with two dict lookups each (no ``named_parameters()`` walk, no pytree)."""
+
+    def __init__(self, mod: nn.Module) -> None:
+        self.param_names = [n for n, _ in mod.named_parameters(remove_duplicate=False)]
+        self.buffer_names = [n for n, _ in mod.named_buffers(remove_duplicate=False)]
+        self.slots: list[tuple[dict[str, Any], str, str]] = []
+        for names, attr in ((self.param_names, "_parameters"), (self.buffer_names, "_buffers")):
+            for name in names:
+                prefix, _, leaf = name.rpartition(".")
+                owner: dict[str, Any] = getattr(mod.get_submodule(prefix), attr)
+                self.slots.append((owner, leaf, name))
+
+    def current(self) -> list[Any]:
+        values = []
+        for owner, leaf, name in self.slots:
+            value = owner.get(leaf)
+            if value is None:
+                raise RuntimeError(
+                    f"aot_module: the module's {name} was removed or set to None after "
+                    "aot_module() was called; compile the module again after changing its "
+                    "parameters or buffers."
+                )
+            values.append(value)
+        return values
+
+
 class AOTModule(nn.Module):
     """The module returned by ``aot_module``: calls the compiled functional form of
-    ``orig_module`` with its current parameters and buffers."""
+    ``orig_module`` with its current parameters and buffers (read on every call, so
+    reassigned parameters are seen)."""
 
-    def __init__(self, orig_module: nn.Module, compiled: Callable[..., Any]) -> None:
+    def __init__(
+        self, orig_module: nn.Module, compiled: Callable[..., Any], state: _StateSlots
+    ) -> None:
         super().__init__()
         self.orig_module = orig_module
         self._compiled = compiled
+        self._state = state
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        named_params = dict(self.orig_module.named_parameters(remove_duplicate=False))
-        named_buffers = dict(self.orig_module.named_buffers(remove_duplicate=False))
-        return self._compiled(named_params, named_buffers, *args, **kwargs)
+        return self._compiled(*self._state.current(), *args, **kwargs)
 
 
 def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     """Compile ``mod`` with ``aot_function``, lifting parameters and buffers as inputs.
 
     Takes the same arguments as ``aot_function`` after the module. Parameters and buffers
-    are the first ``num_params_buffers`` flat inputs.
+    (``named_parameters``/``named_buffers`` with ``remove_duplicate=False``) are the first
+    ``num_params_buffers`` flat inputs.
     """
     if "num_params_buffers" in kwargs:
         raise TypeError("aot_module computes num_params_buffers itself; do not pass it")
+    state = _StateSlots(mod)
+    n_params = len(state.param_names)
+    n_state = len(state.slots)
 
-    def functional_call(
-        named_params: dict[str, Any], named_buffers: dict[str, Any], *a: Any, **kw: Any
-    ) -> Any:
-        return torch.func.functional_call(mod, {**named_params, **named_buffers}, a, kw, tie_weights=False)
+    def functional_call(*flat: Any, **kw: Any) -> Any:
+        tensors = dict(zip(state.param_names, flat[:n_params], strict=True))
+        tensors.update(zip(state.buffer_names, flat[n_params:n_state], strict=True))
+        return torch.func.functional_call(mod, tensors, flat[n_state:], kw, tie_weights=False)
 
-    num_params_buffers = len(list(mod.named_parameters(remove_duplicate=False))) + len(
-        list(mod.named_buffers(remove_duplicate=False))
-    )
-    kwargs["num_params_buffers"] = num_params_buffers
+    kwargs["num_params_buffers"] = n_state
     compiled = aot_function(functional_call, *args, **kwargs)
-    return AOTModule(mod, compiled)
+    return AOTModule(mod, compiled, state)
 
 
 compiled_module = aot_module
