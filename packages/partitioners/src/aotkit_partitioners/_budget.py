@@ -90,7 +90,7 @@ class MemoryBudgetPartitioner:
         at_max = solve(problem)
         if self.budget >= 1.0:
             return at_max
-        at_min = solve(problem, allow_recompute=expensive_nodes(problem))
+        at_min = solve(problem, allow_recompute=expensive_nodes(problem), prefer_inputs=True)
         max_bytes, min_bytes = saved_bytes(problem, at_max), saved_bytes(problem, at_min)
         if max_bytes <= min_bytes:
             return at_max

@@ -21,7 +21,8 @@
 # runtime mutates after the forward cannot be saved). ``SCALE`` exceeds the sum of all
 # tiebreaks, so the cut first minimises bytes and only among equal-byte cuts prefers the
 # one saving values closest to the backward (tiebreak = 1 + hops to the nearest backward
-# reader; 0 for graph inputs), i.e. the one recomputing least.
+# reader), i.e. the one recomputing least: with a weight needed only as ``t(weight)``, the
+# view is saved (as torch does) rather than the weight plus a recomputed ``t``.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from aotkit_schemas import is_sym_node
 from ._cost import SYMINT_BYTES, node_bytes
 from ._cse import cse_graph, duplicates
 from ._extract import PartitionError, build_modules
-from ._joint import JointInfo, analyze_joint, ancestors, is_primal, is_tuple_node, nodes_of
+from ._joint import JointInfo, analyze_joint, ancestors, is_tuple_node, nodes_of
 from ._ops import ban_reason, must_recompute, mutated_readers
 
 _SOURCE = -1
@@ -142,11 +143,14 @@ def solve(
     *,
     allow_recompute: Collection[torch.fx.Node] = (),
     forbid_recompute: Collection[torch.fx.Node] = (),
+    prefer_inputs: bool = False,
 ) -> list[torch.fx.Node]:
     """Solve the cut; returns the saved nodes in graph order.
 
     ``allow_recompute`` lifts the ban on those nodes (never a ban in ``HARD_BANS``);
     ``forbid_recompute`` bans more. The memory-budget partitioner uses both.
+    ``prefer_inputs`` breaks byte ties toward saving graph inputs rather than values
+    computed from them (the tiebreak of graph inputs becomes 0).
     See Note [Min-cut flow graph] for the graph and Note [Flow graph pruning] for what is
     left out of it.
     """
@@ -171,7 +175,8 @@ def solve(
             reason is not None and (n not in allowed or reason in HARD_BANS)
         )
         size = problem.nbytes[n]
-        cap = None if size is None else size * scale + (0 if is_primal(n) else problem.dist[n] + 1)
+        tiebreak = 0 if prefer_inputs and n.op == "placeholder" else problem.dist[n] + 1
+        cap = None if size is None else size * scale + tiebreak
         if n in demanded:
             sink_side_out.add(i)
             if banned[i]:
