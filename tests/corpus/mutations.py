@@ -131,6 +131,16 @@ def mutates_two_inputs_returns_none(x, y):
     return y.sum(), None
 
 
+@case(
+    inputs=lambda: (rand(4, grad=True), nonleaf(4)),
+    expect_inputs=(NM, OUT_GRAPH),
+    torch_differs=TorchDiffers("the leaf behind y gets a zero .grad instead of None"),
+)
+def grad_input_mutated_but_feeding_no_output(x, y):
+    y.add_(1.5)
+    return x.sin()
+
+
 @case(inputs=lambda: (rand(3, 4),), expect_outputs=(NA,), expect_inputs=(NM,))
 def mutation_of_intermediate_only(x):
     y = x.clone()

@@ -24,6 +24,7 @@ from aotkit_schemas import (
     OutputType,
     PartitionResult,
     ViewAndMutationMeta,
+    graph_outputs,
 )
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
@@ -241,6 +242,28 @@ def _compile_inference(
     return run_no_grad
 
 
+def _tangent_dependencies(
+    bw_module: torch.fx.GraphModule, n_saved: int, n_tangents: int
+) -> tuple[frozenset[int], ...] | None:
+    """For every backward output, the tangents it is computed from (None when the
+    backward's placeholders do not follow the calling convention).
+
+    See Note [Gradients through unused outputs] in aotkit_runtime.
+    """
+    placeholders = [n for n in bw_module.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != n_saved + n_tangents:
+        return None
+    deps: dict[torch.fx.Node, frozenset[int]] = {
+        n: frozenset({k}) for k, n in enumerate(placeholders[n_saved:])
+    }
+    for node in bw_module.graph.nodes:
+        if node not in deps:
+            deps[node] = frozenset().union(*(deps[a] for a in node.all_input_nodes))
+    return tuple(
+        deps[o] if isinstance(o, torch.fx.Node) else frozenset() for o in graph_outputs(bw_module)
+    )
+
+
 def _compile_training(
     traced_fn: FlatFn,
     fake: list[Any],
@@ -262,6 +285,10 @@ def _compile_training(
         num_saved_tensors=partition.num_saved_tensors,
         num_saved_symints=partition.num_saved_symints,
         num_inputs=len(fake),
+        tangent_deps=_tangent_dependencies(
+            bw_module, partition.num_saved_symints + partition.num_saved_tensors,
+            len(meta.tangent_indices),
+        ),
     )
     run = make_autograd_function(compiled_fw, lambda: compiled_bw, plan)
     return run

@@ -21,6 +21,16 @@ the backward's inputs.
 # is also saved for backward, a later in-place change to the output would silently change
 # the saved value, where eager raises "modified by an inplace operation" at backward. So
 # such an output is saved for backward too, and unpacking it checks its version.
+
+# Note [Gradients through unused outputs]
+# Eager autograd never runs the part of the graph that only leads to outputs the backward
+# did not use: an input that only feeds such outputs keeps ``.grad is None``. The compiled
+# backward is one node for all outputs, so autograd hands it zeros for the unused ones
+# and it would return zero gradients for those inputs (``.grad`` becomes a zero tensor,
+# which optimizers with momentum or weight decay do not skip). With ``tangent_deps`` (for
+# every input gradient, the tangents it is computed from) the Function asks autograd for
+# None instead of zeros, feeds the graph zeros, and returns None for every input gradient
+# computed from unused tangents only.
 """
 
 from __future__ import annotations
@@ -71,9 +81,15 @@ class AutogradPlan:
     num_saved_symints: int
     # one flag per compiled input: does it get a gradient slot
     num_inputs: int
+    # for every backward output, the tangents (by position among the tangents) it is
+    # computed from; See Note [Gradients through unused outputs]. None: unknown.
+    tangent_deps: tuple[frozenset[int], ...] | None = None
 
     def __post_init__(self) -> None:
         assert self.meta.is_train, "an AutogradPlan needs training metadata"
+        if self.tangent_deps is not None:
+            n_tangents = len(self.meta.tangent_indices)
+            assert all(k < n_tangents for deps in self.tangent_deps for k in deps)
 
 
 def make_autograd_function(
@@ -102,11 +118,19 @@ def make_autograd_function(
         i for i in range(n_returns) if i not in set(tangent_positions) and i not in opaque
     )
     bw_holder: list[Callable[[list[Any]], Sequence[Any]]] = []
+    tangent_deps = plan.tangent_deps
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *args: Any) -> Any:
             outs = fw(list(args))
+            if tangent_deps is not None:
+                # See Note [Gradients through unused outputs]
+                ctx.set_materialize_grads(False)
+                ctx.tangent_like = [
+                    (o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None
+                    for o in (outs[i] for i in tangent_positions)
+                ]
             saved_tensors = outs[n_returns : n_returns + n_tensors]
             ctx.saved_symints = tuple(outs[n_returns + n_tensors :])
             raw = list(outs[:n_returns])
@@ -138,6 +162,11 @@ def make_autograd_function(
             if not bw_holder:
                 bw_holder.append(as_list_caller(compiled_bw()))
             tangents = [_as_tangent(grads[i]) for i in tangent_positions]
+            unused = frozenset(k for k, t in enumerate(tangents) if t is None)
+            for k in unused:
+                like = ctx.tangent_like[k]
+                if like is not None:
+                    tangents[k] = torch.zeros(like[0], dtype=like[1], device=like[2])
             # unpacking checks the versions of guarded unsafe views too
             saved = ctx.saved_tensors[:n_tensors]
             all_args = [*ctx.saved_symints, *saved, *tangents]
@@ -145,9 +174,14 @@ def make_autograd_function(
                 isinstance(t, torch.Tensor) and t.requires_grad for t in all_args
             ):
                 with torch.no_grad():
-                    in_grads = bw_holder[0](all_args)
-                return tuple(_delay_error(g) for g in in_grads)
-            return tuple(bw_holder[0](all_args))
+                    in_grads = [_delay_error(g) for g in bw_holder[0](all_args)]
+            else:
+                in_grads = list(bw_holder[0](all_args))
+            if unused and tangent_deps is not None:
+                for i, deps in enumerate(tangent_deps):
+                    if deps and deps <= unused:
+                        in_grads[i] = None
+            return tuple(in_grads)
 
     def run(args: list[Any]) -> tuple[Any, ...]:
         # A training graph is only compiled when an output needs grad; under an outer
