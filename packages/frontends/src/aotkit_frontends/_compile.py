@@ -20,6 +20,7 @@ import torch.fx
 from aotkit_analysis import InputLayout, collect_metadata, compute_input_layout
 from aotkit_runtime import AutogradPlan, as_list_caller, make_autograd_function, make_epilogue
 from aotkit_schemas import (
+    RUNTIME_MUTATED_INPUT_KEY,
     AOTConfig,
     OutputType,
     PartitionResult,
@@ -272,6 +273,7 @@ def _compile_training(
     artifacts: CompiledArtifacts,
 ) -> Callable[[list[Any]], Sequence[Any]]:
     joint, joint_inputs = trace_joint(traced_fn, fake, meta, cfg.decompositions)
+    _mark_runtime_mutated_primals(joint, meta)
     artifacts.joint_module = joint
     n_fwd = meta.num_forward_returns
     fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
@@ -292,3 +294,14 @@ def _compile_training(
     )
     run = make_autograd_function(compiled_fw, lambda: compiled_bw, plan)
     return run
+
+
+def _mark_runtime_mutated_primals(joint: torch.fx.GraphModule, meta: ViewAndMutationMeta) -> None:
+    """Tell the partitioner which primals the epilogue mutates after the forward.
+
+    See Note [Joint graph calling convention].
+    """
+    primals = [n for n in joint.graph.nodes if n.op == "placeholder"][: len(meta.input_info)]
+    for i in meta.mutated_inp_runtime_indices:
+        if meta.input_info[i].mutates_data:
+            primals[i].meta[RUNTIME_MUTATED_INPUT_KEY] = True

@@ -34,7 +34,7 @@ from typing import Any
 import networkx as nx
 import torch
 import torch.fx
-from aotkit_schemas import is_sym_node
+from aotkit_schemas import RUNTIME_MUTATED_INPUT_KEY, is_sym_node
 
 from ._cost import SYMINT_BYTES, node_bytes
 from ._cse import cse_graph, duplicates
@@ -45,11 +45,9 @@ from ._ops import ban_reason, must_recompute, mutated_readers
 _SOURCE = -1
 _SINK = -2
 
-# Set (True) on a primal placeholder whose data the runtime mutates after the forward (an
-# input mutation copied back in the epilogue): saving it would hand the backward the
-# mutated tensor (and trips autograd's version check), so it is never saved. Same key as
-# torch's partitioners.
-EPILOGUE_MUTATION_KEY = "aot_runtime_epilogue_input_mutation"
+# A primal the runtime mutates after the forward is never saved.
+# See Note [Joint graph calling convention] in aotkit_schemas.
+EPILOGUE_MUTATION_KEY = RUNTIME_MUTATED_INPUT_KEY
 
 # Ban reasons no caller may lift: recomputing would change the result or is impossible.
 HARD_BANS = frozenset(

@@ -6,6 +6,7 @@ from ._alias_info import OutputAliasInfo as OutputAliasInfo
 from ._alias_info import OutputType as OutputType
 from ._alias_info import mutation_can_stay_in_graph as mutation_can_stay_in_graph
 from ._config import AOTConfig as AOTConfig
+from ._protocols import RUNTIME_MUTATED_INPUT_KEY as RUNTIME_MUTATED_INPUT_KEY
 from ._protocols import CompiledGraph as CompiledGraph
 from ._protocols import Compiler as Compiler
 from ._protocols import DecompositionTable as DecompositionTable
@@ -37,6 +38,7 @@ __all__ = [
     "OutputAliasInfo",
     "OutputType",
     "PartitionResult",
+    "RUNTIME_MUTATED_INPUT_KEY",
     "Partitioner",
     "ViewAndMutationMeta",
     "graph_outputs",

@@ -16,6 +16,11 @@
 #   forward:  primals                           -> (*forward_returns, *saved_tensors, *saved_symints)
 #   backward: (*saved_symints, *saved_tensors, *tangents) -> input_grads
 # A partitioner never changes ``forward_returns`` or the order of the primals or tangents.
+#
+# A primal whose placeholder carries ``meta[RUNTIME_MUTATED_INPUT_KEY] = True`` is mutated
+# by the runtime epilogue after the forward ran (a data mutation copied back into the
+# caller's tensor), so a partitioner must not save it for the backward: the backward would
+# see the mutated value (and autograd's version check fails). Same key as torch's.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ import torch
 import torch.fx
 
 CompiledGraph = Callable[..., Any]
+# See Note [Joint graph calling convention]
+RUNTIME_MUTATED_INPUT_KEY = "aot_runtime_epilogue_input_mutation"
 DecompositionTable = dict[Any, Callable[..., Any]]
 
 
