@@ -87,7 +87,7 @@ def test_partitioned_forward_keeps_the_calling_convention() -> None:
 def test_decompositions_apply() -> None:
     args = _args(requires_grad=True)
     gm = aot_export_joint_simple(
-        list_output, args, trace_joint=True, decompositions=default_decompositions()
+        list_output, args, trace_joint=True, decompositions=default_decompositions
     )
     targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
     assert torch.ops.aten.gelu_backward.default not in targets

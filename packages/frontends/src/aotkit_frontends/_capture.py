@@ -74,7 +74,7 @@ def trace_inference(
     """Trace the inference graph: ``args -> forward returns`` (no saved values)."""
     in_graph = meta.mutated_inp_in_graph_indices
 
-    def inference(*args: Any) -> list[Any]:
+    def inference(*args: Any) -> tuple[Any, ...]:
         with functionalized(keep_input_mutations=meta.keep_input_mutations):
             f_args = [to_functional(a) for a in args]
             returns, _ = _forward_returns(flat_fn, f_args, meta, for_autograd=False)
@@ -86,10 +86,11 @@ def trace_inference(
                 original.set_(new)
             else:
                 original.copy_(new)
-        return plain
+        return tuple(plain)
 
-    with torch.no_grad():
-        gm = make_fx(inference, decomposition_table=decompositions)(*fake_args)
+    # Traced under the caller's grad mode: a function that calls torch.autograd.grad
+    # itself needs it, and nothing here differentiates the result.
+    gm = make_fx(inference, decomposition_table=decompositions)(*fake_args)
     return gm
 
 

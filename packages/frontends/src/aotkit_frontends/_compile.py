@@ -232,6 +232,9 @@ def _compile_inference(
     compiler = cfg.inference_compiler or cfg.fw_compiler
     compiled = as_list_caller(compiler(gm, fake))
     grad_free = not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake)
+    plain_views = _plain_view_outputs(gm, meta)
+    if plain_views:
+        compiled = _returning_plain_tensors(compiled, plain_views)
 
     if grad_free:
         return compiled
@@ -241,6 +244,66 @@ def _compile_inference(
             return compiled(args)
 
     return run_no_grad
+
+
+def _plain_view_outputs(gm: torch.fx.GraphModule, meta: ViewAndMutationMeta) -> tuple[int, ...]:
+    """Forward-return positions of non_alias outputs that ``gm`` computes as a view of an
+    intermediate no other forward return views. See Note [unsafe_view_alias outputs] in
+    aotkit_runtime. (Non-alias views of a shared intermediate, ``y[0], y[1]`` without
+    grad, stay views of it, as in eager.)"""
+    n_mut = meta.num_mutated_inp_runtime_indices
+    values = graph_outputs(gm)[: meta.num_forward_returns]
+    regenerated = {n_mut + j for j, o in enumerate(meta.output_info) if o.is_regenerated_alias}
+    roots = [
+        _view_root(v) if isinstance(v, torch.fx.Node) and i not in regenerated else None
+        for i, v in enumerate(values)
+    ]
+    positions = []
+    for j, info in enumerate(meta.output_info):
+        i = n_mut + j
+        node = values[i] if i < len(values) else None
+        if info.output_type is not OutputType.non_alias or not isinstance(node, torch.fx.Node):
+            continue
+        root = roots[i]
+        if (
+            _is_view_node(node)
+            and root is not None
+            and root.op != "placeholder"
+            and roots.count(root) == 1
+        ):
+            positions.append(i)
+    return tuple(positions)
+
+
+def _view_root(node: torch.fx.Node) -> torch.fx.Node:
+    while _is_view_node(node) and isinstance(node.args[0], torch.fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _is_view_node(node: torch.fx.Node) -> bool:
+    return (
+        node.op == "call_function"
+        and isinstance(node.target, torch._ops.OpOverload)
+        and node.target.is_view
+    )
+
+
+def _returning_plain_tensors(
+    compiled: Callable[[list[Any]], Sequence[Any]], positions: tuple[int, ...]
+) -> Callable[[list[Any]], Sequence[Any]]:
+    """Return the outputs at ``positions`` as plain tensors when they are views (of graph
+    intermediates), as eager does. See Note [unsafe_view_alias outputs] in aotkit_runtime."""
+
+    def run(args: list[Any]) -> Sequence[Any]:
+        outs = list(compiled(args))
+        for i in positions:
+            o = outs[i]
+            if isinstance(o, torch.Tensor) and o._is_view():
+                outs[i] = torch.ops.aten._unsafe_view(o, o.shape)
+        return outs
+
+    return run
 
 
 def _tangent_dependencies(
@@ -281,7 +344,16 @@ def _compile_training(
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
     compiled_fw = cfg.fw_compiler(fw_module, fake)
     bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
-    compiled_bw = cfg.bw_compiler(bw_module, bw_example)
+    fake_mode = detect_fake_mode(fake) or FakeTensorMode()
+    symbolic = fake_mode.shape_env is not None
+
+    def compile_backward() -> Callable[..., Any]:
+        # Like torch, the backward is compiled at the first backward call, under the
+        # forward's fake mode; the autograd.Function caches the result.
+        with _tracing_context(fake_mode, symbolic):
+            compiled: Callable[..., Any] = cfg.bw_compiler(bw_module, bw_example)
+        return compiled
+
     plan = AutogradPlan(
         meta=meta,
         num_saved_tensors=partition.num_saved_tensors,
@@ -291,8 +363,9 @@ def _compile_training(
             bw_module, partition.num_saved_symints + partition.num_saved_tensors,
             len(meta.tangent_indices),
         ),
+        plain_view_outputs=_plain_view_outputs(fw_module, meta),
     )
-    run = make_autograd_function(compiled_fw, lambda: compiled_bw, plan)
+    run = make_autograd_function(compiled_fw, compile_backward, plan)
     return run
 
 

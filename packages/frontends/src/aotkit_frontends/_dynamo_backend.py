@@ -150,10 +150,11 @@ _DEFAULT_DECOMPOSITION_OPS: list[Any] = [
 ]
 
 
-def default_decompositions() -> dict[Any, Callable[..., Any]]:
-    """The decomposition table of the memory-efficient-fusion recipe (a fresh dict)."""
-    table: dict[Any, Callable[..., Any]] = get_decompositions(_DEFAULT_DECOMPOSITION_OPS)
-    return table
+# The decomposition table of the memory-efficient-fusion recipe: a dict, like torch's
+# ``functorch.compile.default_decompositions``, so it can be passed as ``decompositions=``.
+default_decompositions: dict[Any, Callable[..., Any]] = get_decompositions(
+    _DEFAULT_DECOMPOSITION_OPS
+)
 
 
 def mem_efficient_fusion_kwargs(use_decomps: bool) -> dict[str, Any]:
@@ -169,7 +170,7 @@ def mem_efficient_fusion_kwargs(use_decomps: bool) -> dict[str, Any]:
         "partition_fn": _min_cut,
     }
     if use_decomps:
-        kwargs["decompositions"] = default_decompositions()
+        kwargs["decompositions"] = dict(default_decompositions)
     return kwargs
 
 

@@ -32,16 +32,63 @@ class AOTCompileError(RuntimeError):
     """Raised when a function cannot be traced into a functional graph."""
 
 
+# Note [Tracing errors keep torch's types]
+# Callers (torch's own test helpers among them) catch DataDependentOutputException,
+# DynamicOutputShapeException and GuardOnDataDependentSymNode by type, e.g. to skip an op
+# whose output shape depends on data. aotkit's clearer errors therefore subclass both
+# AOTCompileError and the original exception type, keep its fields (``func``, ``cond``),
+# and chain the original as ``__cause__``.
+
+
+class DataDependentError(AOTCompileError, DataDependentOutputException):
+    """See Note [Tracing errors keep torch's types]."""
+
+    def __init__(self, message: str, func: object) -> None:
+        RuntimeError.__init__(self, message)
+        self.func = func  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DynamicOutputShapeError(AOTCompileError, DynamicOutputShapeException):
+    """See Note [Tracing errors keep torch's types]."""
+
+    def __init__(self, message: str, func: object) -> None:
+        RuntimeError.__init__(self, message)
+        self.func = func  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class DataDependentGuardError(AOTCompileError, GuardOnDataDependentSymNode):
+    """See Note [Tracing errors keep torch's types]."""
+
+    def __init__(self, message: str, cond: object) -> None:
+        RuntimeError.__init__(self, message)
+        self.cond = cond  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 @contextlib.contextmanager
 def explain_tracing_errors() -> Iterator[None]:
-    """Re-raise fake-tensor data-dependence failures with a clear message."""
+    """Re-raise fake-tensor data-dependence failures with a clear message.
+
+    See Note [Tracing errors keep torch's types].
+    """
     try:
         yield
+    except AOTCompileError:
+        raise
     except DataDependentOutputException as e:
-        raise AOTCompileError(DATA_DEPENDENT_MESSAGE.format(op=e.func)) from e
+        raise DataDependentError(DATA_DEPENDENT_MESSAGE.format(op=e.func), e.func) from e
     except DynamicOutputShapeException as e:
-        raise AOTCompileError(DYNAMIC_OUTPUT_MESSAGE.format(op=e.func)) from e
+        raise DynamicOutputShapeError(DYNAMIC_OUTPUT_MESSAGE.format(op=e.func), e.func) from e
     except GuardOnDataDependentSymNode as e:
-        raise AOTCompileError(
-            DATA_DEPENDENT_MESSAGE.format(op="a data-dependent symbolic value")
+        raise DataDependentGuardError(
+            DATA_DEPENDENT_MESSAGE.format(op="a data-dependent symbolic value") + f" ({e})",
+            e.cond,
         ) from e
