@@ -213,6 +213,32 @@ def out_unsafe_view_mutated_by_user(x):
     return ((x.exp()).view(-1),)
 
 
+def _mul_first_output(out, args):
+    out[0].mul_(2)
+
+
+@case(
+    inputs=lambda: (rand(4, grad=True),),
+    expect_outputs=(NA,),
+    after=_mul_first_output,
+    torch_differs=TorchDiffers(
+        "the output comes back as a view of a graph intermediate; mutating it raises"
+    ),
+)
+def out_intermediate_mutated_through_its_view_then_mutated_by_user(x):
+    y = x.sin()
+    y.view(-1).add_(1.5)
+    return (y,)
+
+
+@case(inputs=lambda: (rand(4),), expect_outputs=(NA, OF_INTER_USER))
+def out_intermediate_mutated_through_its_view_inference(x):
+    y = x.sin()
+    v = y.view(-1)
+    v.add_(1.5)
+    return y, v
+
+
 # ---- custom autograd.Function views ----------------------------------------------------
 
 

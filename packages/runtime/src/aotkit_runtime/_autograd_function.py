@@ -17,10 +17,14 @@ the backward's inputs.
 # An output of kind unsafe_view_alias is a view of an intermediate that nothing else
 # aliases (See Note [Output aliasing kinds]). The forward returns it through
 # ``aten._unsafe_view``, so autograd sees a plain output the user may mutate later. The
-# price is that the output no longer shares a version counter with its base: if the base
-# is also saved for backward, a later in-place change to the output would silently change
-# the saved value, where eager raises "modified by an inplace operation" at backward. So
-# such an output is saved for backward too, and unpacking it checks its version.
+# same goes for a non_alias output the graph happens to compute as a view of an
+# intermediate (``y = x.sin(); y.view(-1).add_(1); return y``: functionalization rebuilds
+# ``y`` as a view of the updated base), listed in ``AutogradPlan.plain_view_outputs``;
+# eager returns a plain tensor there. The price is that the output no longer shares a
+# version counter with its base: if the base is also saved for backward, a later in-place
+# change to the output would silently change the saved value, where eager raises
+# "modified by an inplace operation" at backward. So such an output is saved for backward
+# too, and unpacking it checks its version.
 
 # Note [Gradients through unused outputs]
 # Eager autograd never runs the part of the graph that only leads to outputs the backward
@@ -84,6 +88,9 @@ class AutogradPlan:
     # for every backward output, the tangents (by position among the tangents) it is
     # computed from; See Note [Gradients through unused outputs]. None: unknown.
     tangent_deps: tuple[frozenset[int], ...] | None = None
+    # forward-return positions of non_alias outputs the forward graph computes as a view
+    # of an intermediate; See Note [unsafe_view_alias outputs]
+    plain_view_outputs: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.meta.is_train, "an AutogradPlan needs training metadata"
@@ -109,9 +116,14 @@ def make_autograd_function(
     opaque = _opaque_positions(meta)
     n_mut = meta.num_mutated_inp_runtime_indices
     unsafe_views = tuple(
-        n_mut + j
-        for j, out in enumerate(meta.output_info)
-        if out.output_type is OutputType.unsafe_view_alias
+        sorted(
+            {
+                n_mut + j
+                for j, out in enumerate(meta.output_info)
+                if out.output_type is OutputType.unsafe_view_alias
+            }
+            | set(plan.plain_view_outputs)
+        )
     )
     assert not opaque & set(tangent_positions), "a tangent slot can't be opaque"
     non_diff_positions = tuple(
@@ -144,7 +156,7 @@ def make_autograd_function(
                 }
                 for i in unsafe_views:
                     o = raw[i]
-                    if isinstance(o, torch.Tensor):
+                    if isinstance(o, torch.Tensor) and o._is_view():
                         raw[i] = torch.ops.aten._unsafe_view(o, o.shape)
                         if o.untyped_storage().data_ptr() in saved_storages:
                             guarded.append(raw[i])
