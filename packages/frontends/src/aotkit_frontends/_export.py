@@ -35,10 +35,10 @@ BAD_OUTPUT_TYPE_MESSAGE = (
     "list/tuple of tensors, found {type}."
 )
 OTHER_OUTPUT_REQUIRES_GRAD_MESSAGE = (
-    "aot_export_module: found an output of the forward that requires gradients and is not "
-    "the scalar loss. The joint graph only computes gradients of the loss, so every other "
-    "output must not require grad: call .detach() on it. Output {loss} is the loss "
-    "(output_loss_index), but output {index} requires gradients."
+    "Found an output of the forward that requires gradients, that was not the scalar loss.\n"
+    "The joint graph only computes gradients of the loss, so every other output must not "
+    "require grad: call .detach() on it. Output {loss} is the loss (output_loss_index), but "
+    "output {index} requires gradients."
 )
 LOSS_NO_GRAD_MESSAGE = (
     "aot_export_module: the output at index {loss} was marked as the loss, but it does not "
@@ -49,14 +49,17 @@ LOSS_NOT_SCALAR_MESSAGE = (
     "(one element), but it has shape {shape}. Reduce it, e.g. with .sum() or .mean()."
 )
 METADATA_MUTATION_MESSAGE = (
-    "aotkit export: input {index} ({name}) received a metadata mutation (its size, stride or "
-    "storage changed, through e.g. `.resize_()`, `.transpose_()` or `.set_()`). Exported "
+    "Found an input that received a metadata mutation, through e.g. a call to `.resize_()` "
+    "or `.transpose_()`.\nThis is banned in the aot_export workflow: input {index} ({name}) "
+    "changed its size, stride or storage. Exported "
     "graphs are functional and return only new data for mutated inputs, so metadata "
     "mutations of inputs are not supported. Use the out-of-place op (`x = x.t()`).\n{meta}"
 )
 GRAD_INPUT_MUTATION_MESSAGE = (
-    "aotkit export: input {index} ({name}) requires gradients and received a data mutation "
-    "(an in-place op). A joint graph differentiates through the value before the mutation, "
+    "Found a graph input that requires gradients, and received a mutation.\n"
+    "This is banned in the aot_export workflow: input {index} ({name}) requires gradients "
+    "and received a data mutation (an in-place op). A joint graph differentiates through "
+    "the value before the mutation, "
     "which export does not support. Mutate a clone, or do the update under "
     "torch.no_grad() outside the exported module.\n{meta}"
 )
@@ -301,6 +304,11 @@ def aot_export_joint_simple(
     with grad_mode:
         traced = trace_for_export(flat_fn, flat_args, cfg)
     meta = traced.meta
+    for i, info in enumerate(meta.input_info):
+        if info.mutates_metadata:
+            raise AOTExportError(
+                METADATA_MUTATION_MESSAGE.format(index=i, name=f"input {i}", meta=meta.describe())
+            )
     if any(i.mutates_anything for i in meta.input_info):
         raise AOTExportError(
             f"aot_export_joint_simple does not support input mutations.\n{meta.describe()}"

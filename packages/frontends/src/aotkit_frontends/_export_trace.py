@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch._functorch.config as functorch_config
 import torch.fx
 from aotkit_analysis import compute_input_layout
 from aotkit_schemas import AOTConfig, ViewAndMutationMeta
@@ -30,6 +31,12 @@ class AOTExportError(RuntimeError):
     """A function or module breaks one of the restrictions of aotkit's export APIs."""
 
 
+DUPLICATED_MUTATED_INPUT_MESSAGE = (
+    "Encountered duplicated inputs that are mutated in the graph you are trying to export.\n"
+    "This functionality is not supported: flat inputs {indices} are the same tensor and the "
+    "function mutates it. Pass distinct tensors (clone one of them) before exporting."
+)
+
 DUPLICATE_INPUT_MESSAGE = (
     "aotkit export: flat inputs {indices} are the same tensor. Exported graphs take one "
     "placeholder per input and cannot deduplicate them; this is usually a parameter shared "
@@ -38,9 +45,14 @@ DUPLICATE_INPUT_MESSAGE = (
 )
 
 ALIASED_MUTATED_INPUT_MESSAGE = (
-    "aotkit export: flat inputs {indices} share memory and at least one of them is "
-    "mutated. An input that is mutated must not alias any other input in export. Clone "
-    "the inputs before exporting."
+    "Encountered aliased inputs that are mutated in the graph you are trying to export.\n"
+    "This functionality is not supported: flat inputs {indices} share memory and at least "
+    "one of them is mutated. Clone the inputs before exporting."
+)
+
+FUNCTIONALIZED_RNG_MESSAGE = (
+    "Functionalized RNG is not currently supported in the aot_export workflow. Set "
+    "torch._functorch.config.functionalize_rng_ops = False to export."
 )
 
 
@@ -69,15 +81,23 @@ def trace_for_export(
     A training graph is traced when grad mode is on and some input requires grad and some
     output (or visible mutation) needs it; otherwise the inference graph.
     """
+    if functorch_config.functionalize_rng_ops:
+        raise AOTExportError(FUNCTIONALIZED_RNG_MESSAGE)
     layout = compute_input_layout(flat_args)
-    if not layout.is_trivial:
-        dupes = [i for i, first in enumerate(layout.first_occurrence) if first != i]
-        indices = sorted({layout.first_occurrence[i] for i in dupes} | set(dupes))
-        raise AOTExportError(DUPLICATE_INPUT_MESSAGE.format(indices=indices))
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     symbolic = shape_env is not None
     with explain_tracing_errors(), _tracing_context(fake_mode, symbolic):
         meta, fake, traced_fn, _ = _metadata(flat_fn, flat_args, layout, cfg, fake_mode, shape_env)
+        if not layout.is_trivial:
+            dupes = [i for i, first in enumerate(layout.first_occurrence) if first != i]
+            indices = sorted({layout.first_occurrence[i] for i in dupes} | set(dupes))
+            dupe_mutated = any(
+                meta.input_info[ci].mutates_anything
+                for i in dupes
+                if (ci := layout.compiled_index_of_user_input(i)) is not None
+            )
+            message = DUPLICATED_MUTATED_INPUT_MESSAGE if dupe_mutated else DUPLICATE_INPUT_MESSAGE
+            raise AOTExportError(message.format(indices=indices))
         with_bases = compute_input_layout(
             flat_args, lambda i: meta.input_info[i].mutates_anything
         )
