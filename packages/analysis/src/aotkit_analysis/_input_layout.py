@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 
 @dataclass(frozen=True)
@@ -253,6 +254,13 @@ def compute_input_layout(
 
 def _group(flat_args: Sequence[Any], members: list[int]) -> SyntheticBaseGroup:
     tensors = [flat_args[i] for i in members]
+    if any(is_traceable_wrapper_subclass(t) for t in tensors):
+        raise RuntimeError(
+            "Encountered aliased inputs that are mutated in the graph, but at least one "
+            "input/output to the graph is a tensor subclass. This is not supported today. "
+            f"(aotkit: inputs {members} alias one storage.) Remove the aliasing yourself as a "
+            "workaround: clone one of the inputs before the call."
+        )
     base_index: int | None = None
     common_of: int | None = None
     ref_base: torch.Tensor | None = None

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import torch
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._bindings import view_func
 
@@ -31,6 +32,16 @@ def _reinterpret_like(base: torch.Tensor, target_dtype: torch.dtype) -> torch.Te
     if not base.is_complex() and target_dtype.is_complex:
         return torch.view_as_complex(base) if base.shape[-1:] == (2,) else base.view(target_dtype)
     return base
+
+
+def _share_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` lives in ``b``'s storage. Wrapper subclasses (TwoTensor, ...) have no
+    real storage: a view of one counts as sharing, so view replay is tried."""
+    if is_traceable_wrapper_subclass(a) or is_traceable_wrapper_subclass(b):
+        return a._is_view()
+    return bool(
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.device == b.device
+    )
 
 
 def regenerate_alias(
@@ -47,10 +58,7 @@ def regenerate_alias(
     (a backend copied it). See Note [View replay].
     """
     out: torch.Tensor | None = None
-    same_storage = (
-        graph_value.untyped_storage().data_ptr() == base.untyped_storage().data_ptr()
-        and graph_value.device == base.device
-    )
+    same_storage = _share_storage(graph_value, base)
     if same_storage and graph_value._is_view():
         view_base = graph_value._base
         assert view_base is not None
