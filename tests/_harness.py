@@ -3,9 +3,11 @@
 # Note [What the differential harness compares]
 # Every run calls the program ``case.calls`` times on fresh inputs from the seeded factory
 # and records, per call, an ``Observation``:
+#   * whether the call raised, and the grad mode right after it;
 #   * the output pytree: its structure (a tuple stays a tuple, namedtuples keep their type),
 #     the non-tensor leaves, and per tensor leaf its values, shape, stride, storage offset,
-#     dtype, requires_grad and ``_is_view()``;
+#     dtype, requires_grad, is_leaf and ``_is_view()`` (See Note [unsafe_view_alias
+#     outputs are plain tensors] for when ``_is_view()`` is not observable);
 #   * aliasing: for every tensor output, which inputs and earlier outputs it *is* and which
 #     it shares an untyped storage with;
 #   * every tensor input after the call (and after the case's ``after`` hook): values,
@@ -13,16 +15,18 @@
 #     storage it came with, and which other inputs share its storage;
 #   * the ``.grad`` of every autograd leaf reachable from the inputs (and module
 #     parameters) after backward with a fixed random cotangent for each output that
-#     requires grad.
+#     requires grad (or the error backward raised).
 # Compiled runs also record which graphs their compilers received (training: one forward
-# and one backward; inference: one graph; later calls with the same shapes: nothing new)
-# and check that none of them holds a mutable op, except ``copy_`` into an input when
+# and at most one backward, compiled at the first backward through the compiled node;
+# inference: one graph; later calls with the same shapes: nothing new) and check that
+# none of them holds a mutable op, except ``copy_`` into an input when
 # ``keep_inference_input_mutations`` asked for it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -254,7 +258,8 @@ class Run:
     compiled: Any = None
 
 
-def _inputs(case: Case, k: int) -> Call:
+def make_call(case: Case, k: int) -> Call:
+    """The inputs of call ``k`` of a case: fresh tensors from its seeded factory."""
     torch.manual_seed(OBSERVE_SEED + k)
     made = case.inputs()
     return made if isinstance(made, Call) else Call(tuple(made))
@@ -262,8 +267,6 @@ def _inputs(case: Case, k: int) -> Call:
 
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
@@ -294,7 +297,7 @@ def run_case(case: Case, variant: str) -> Run:
     opt = case.optimizer(module.parameters()) if case.optimizer and module is not None else None
     run = Run(variant, [], log, compiled=fn)
     for k in range(case.calls):
-        call = _inputs(case, k)
+        call = make_call(case, k)
         with _quiet():
             obs = observe_call(
                 fn, call, module=module, grad_enabled=case.grad_enabled, after=case.after

@@ -17,6 +17,7 @@ from _harness import (
     aotkit_meta,
     compare_runs,
     compile_problems,
+    make_call,
     run_case,
     tensor_output_kinds,
     unsafe_view_outputs,
@@ -41,9 +42,7 @@ def _param(case: Case) -> Any:
 
 def _torch_meta(case: Case, run: Run) -> Any:
     """torch's own metadata pass on the case's first inputs (tensor inputs and outputs only)."""
-    from _harness import _inputs
-
-    call = _inputs(case, 0)
+    call = make_call(case, 0)
     flat, spec = pytree.tree_flatten((call.args, call.kwargs))
 
     def flat_fn(*flat_args: Any) -> list[Any]:

@@ -173,3 +173,23 @@ def aliased_slices_metadata_mutation_of_the_other(a, b):
     a.add_(1)
     b.unsqueeze_(1)
     return b * 2
+
+
+def _base_and_expanded_view():
+    x = rand(4)
+    return x, x.unsqueeze(0).expand(2, 4)
+
+
+@case(
+    inputs=_base_and_expanded_view,
+    torch_differs=TorchDiffers("the write-back through the expanded member overlaps", raises=True),
+    aotkit_bug=(
+        "a mutation of an input that is an expanded view of another input: the synthetic "
+        "base writes the member back with as_strided_scatter, which rejects overlapping "
+        "memory (eager allows the write through a non-overlapping slice of it)"
+    ),
+)
+def aliased_input_expanded_from_another(x, expanded):
+    row = expanded[0:1]
+    row.add_(1.5)
+    return (row,)
