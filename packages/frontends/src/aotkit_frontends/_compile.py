@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_analysis import InputLayout, collect_metadata, compute_input_layout
+from aotkit_functional import as_plain_tensor
 from aotkit_runtime import AutogradPlan, as_list_caller, make_autograd_function, make_epilogue
 from aotkit_schemas import (
     RUNTIME_MUTATED_INPUT_KEY,
@@ -300,7 +301,7 @@ def _returning_plain_tensors(
         for i in positions:
             o = outs[i]
             if isinstance(o, torch.Tensor) and o._is_view():
-                outs[i] = torch.ops.aten._unsafe_view(o, o.shape)
+                outs[i] = as_plain_tensor(o)
         return outs
 
     return run

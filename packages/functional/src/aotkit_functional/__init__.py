@@ -1,5 +1,6 @@
 """aotkit_functional: helpers around functionalization and alias regeneration."""
 
+from ._alias_regeneration import as_plain_tensor as as_plain_tensor
 from ._alias_regeneration import regenerate_alias as regenerate_alias
 from ._eager_checks import EagerInplaceChecks as EagerInplaceChecks
 from ._graph_checks import assert_functional_graph as assert_functional_graph
@@ -21,6 +22,7 @@ from ._wrap import to_functional as to_functional
 
 __all__ = [
     "EagerInplaceChecks",
+    "as_plain_tensor",
     "assert_functional_graph",
     "from_functional",
     "functionalized",

@@ -108,3 +108,16 @@ def regenerate_alias(
     elif not base.requires_grad and requires_grad and out.grad_fn is None:
         out.requires_grad_(True)
     return out
+
+
+def as_plain_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A tensor over exactly ``t``'s memory (size, stride, storage offset) that is not a view.
+
+    Unlike ``aten._unsafe_view(t, t.shape)``, which recomputes the strides of size-1
+    dimensions, the result has ``t``'s strides. It has its own version counter. Call it
+    where autograd does not record (the forward of an autograd.Function, no_grad).
+    """
+    out = t.new_empty(0)
+    with torch.no_grad():
+        out.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+    return out

@@ -15,8 +15,9 @@ the backward's inputs.
 
 # Note [unsafe_view_alias outputs]
 # An output of kind unsafe_view_alias is a view of an intermediate that nothing else
-# aliases (See Note [Output aliasing kinds]). The forward returns it through
-# ``aten._unsafe_view``, so autograd sees a plain output the user may mutate later. The
+# aliases (See Note [Output aliasing kinds]). The forward returns it as a plain tensor over
+# the same memory (``as_plain_tensor``, like torch's ``aten._unsafe_view`` but keeping the
+# strides of size-1 dimensions), so autograd sees an output the user may mutate later. The
 # same goes for a non_alias output the graph happens to compute as a view of an
 # intermediate (``y = x.sin(); y.view(-1).add_(1); return y``: functionalization rebuilds
 # ``y`` as a view of the updated base), listed in ``AutogradPlan.plain_view_outputs``;
@@ -44,6 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from aotkit_functional import as_plain_tensor
 from aotkit_schemas import OutputType, ViewAndMutationMeta
 
 from ._call import as_list_caller
@@ -157,7 +159,7 @@ def make_autograd_function(
                 for i in unsafe_views:
                     o = raw[i]
                     if isinstance(o, torch.Tensor) and o._is_view():
-                        raw[i] = torch.ops.aten._unsafe_view(o, o.shape)
+                        raw[i] = as_plain_tensor(o)
                         if o.untyped_storage().data_ptr() in saved_storages:
                             guarded.append(raw[i])
             ctx.save_for_backward(*saved_tensors, *guarded)
