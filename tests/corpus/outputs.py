@@ -124,6 +124,15 @@ def out_single_view_of_intermediate(x):
     return (x * 2).view(-1)
 
 
+@case(
+    inputs=lambda: (rand(2, 3, grad=True),),
+    expect_outputs=(UNSAFE,),
+    torch_differs=TorchDiffers("aten._unsafe_view recomputes the stride of the size-1 dim"),
+)
+def out_strided_single_view_of_intermediate(x):
+    return (x.reshape(3, 2).sin()[0:1:2],)
+
+
 @case(inputs=lambda: (rand(3, 4, grad=True),), expect_outputs=(OF_INTER_SAVE, OF_INTER), boxed=True)
 def out_two_views_of_intermediate(x):
     y = x * 2
