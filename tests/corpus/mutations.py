@@ -199,6 +199,19 @@ def mutation_through_view_of_an_as_strided_view(x):
     return x.sum()
 
 
+@case(
+    inputs=lambda: (rand(4),),
+    torch_differs=TorchDiffers("silently sums the fill over the expanded dimension"),
+    aotkit_bug=(
+        "a fill (zero_, fill_, masked_fill_) through an expanded view: eager allows it, "
+        "functionalization would sum the write-back, so aotkit raises a clear error"
+    ),
+)
+def fill_through_expanded_view(x):
+    x.unsqueeze(0).expand(3, 4).fill_(2.0)
+    return x * 1
+
+
 # ---- metadata mutations ----------------------------------------------------------------
 
 

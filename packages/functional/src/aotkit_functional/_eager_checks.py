@@ -14,6 +14,10 @@
 # raises those errors, with eager's messages, before functionalization sees the op.
 # Mutations eager allows (under no_grad, through ``.detach()``/``.data``, on non-leaf
 # inputs) pass.
+# Eager does allow fills (``fill_``, ``zero_``, ``masked_fill_``) through such a view, but
+# functionalization writes an expanded view back by summing over the expanded dimension,
+# so the traced program would silently compute something else: those raise an error that
+# says so.
 """
 
 from __future__ import annotations
@@ -24,13 +28,15 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Ops that only change size/stride/offset/storage: eager has no overlap check for them.
+# Ops that only change size/stride/offset/storage: no data is written.
 _METADATA_ONLY = frozenset(
     {
         "t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_",
         "as_strided_", "resize_", "resize_as_", "set_", "detach_", "_resize_output_",
     }
 )
+# Fills, which eager runs on overlapping memory (idempotent; masked_fill_ only warns).
+_FILLS = frozenset({"fill_", "zero_", "masked_fill_", "index_fill_"})
 
 _LEAF_MESSAGE = "a leaf Variable that requires grad is being used in an in-place operation."
 _VIEW_OF_LEAF_MESSAGE = (
@@ -39,6 +45,12 @@ _VIEW_OF_LEAF_MESSAGE = (
 _OVERLAP_MESSAGE = (
     "unsupported operation: more than one element of the written-to tensor refers to a "
     "single memory location. Please clone() the tensor before performing the operation."
+)
+_FILL_OVERLAP_MESSAGE = (
+    "aotkit cannot compile {op} on a tensor in which several elements share one memory "
+    "location (an expanded view, e.g. x.expand(3, 4).{op}(...)): eager allows it, but "
+    "functionalization would write the view back by summing over the expanded dimension. "
+    "Remedy: apply {op} to the tensor that was expanded (before expand), or clone() first."
 )
 
 
@@ -82,15 +94,17 @@ class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if func._schema.is_mutable:
             name = func._schema.name.split("::")[-1]
             for t in _written_tensors(func, args, kwargs):
-                self._check(t, metadata_only=name in _METADATA_ONLY)
+                self._check(t, name)
         return func(*args, **kwargs)
 
-    def _check(self, t: torch.Tensor, *, metadata_only: bool) -> None:
+    def _check(self, t: torch.Tensor, op: str) -> None:
         if self._leaf_ids and t.requires_grad and torch.is_grad_enabled():
             if id(t) in self._leaf_ids:
                 raise RuntimeError(_LEAF_MESSAGE)
             base = t._base
             if base is not None and id(base) in self._leaf_ids:
                 raise RuntimeError(_VIEW_OF_LEAF_MESSAGE)
-        if not metadata_only and _has_internal_overlap(t):
+        if op not in _METADATA_ONLY and _has_internal_overlap(t):
+            if op in _FILLS:
+                raise RuntimeError(_FILL_OVERLAP_MESSAGE.format(op=op))
             raise RuntimeError(_OVERLAP_MESSAGE)
