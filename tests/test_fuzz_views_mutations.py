@@ -27,7 +27,10 @@ from corpus import Case
 from hypothesis import HealthCheck, event, given, note, seed, settings
 from hypothesis import strategies as st
 
-VIEW_OPS = ("reshape", "transpose", "slice", "select", "unsqueeze", "diagonal", "as_strided", "expand", "view_as")
+VIEW_OPS = (
+    "reshape", "view", "transpose", "t", "slice", "select", "unsqueeze", "diagonal",
+    "as_strided", "expand", "view_as",
+)
 # two views of one value (appended together, so that outputs often alias each other)
 FORK_OPS = ("fork",)
 FORK_VIEWS = ("reshape", "transpose", "slice", "select", "unsqueeze", "diagonal", "view_as")
@@ -105,6 +108,11 @@ def apply_view(op: str, t: torch.Tensor, params: Sequence[int]) -> torch.Tensor:
     nd, shape = t.dim(), t.shape
     if op == "reshape":
         return t.reshape(-1) if _p(params, 0) % 2 or nd < 2 else t.reshape(shape[-1], -1)
+    if op == "view":
+        # raises for a non-contiguous t, in eager and compiled alike
+        return t.view(-1) if _p(params, 0) % 2 or nd < 2 else t.view(shape[-1], -1)
+    if op == "t":
+        return t.t() if nd <= 2 else t.transpose(0, 1)
     if op == "transpose":
         if nd < 2:
             return t.t()
