@@ -40,37 +40,32 @@ class AOTCompileError(RuntimeError):
 # and chain the original as ``__cause__``.
 
 
-class DataDependentError(AOTCompileError, DataDependentOutputException):
-    """See Note [Tracing errors keep torch's types]."""
+class _TorchTypedCompileError(AOTCompileError):
+    """aotkit's message on an error that is also torch's original type, with the original's
+    field (``func`` or ``cond``) set. See Note [Tracing errors keep torch's types]."""
 
-    def __init__(self, message: str, func: object) -> None:
+    _field = "func"
+
+    def __init__(self, message: str, value: object) -> None:
         RuntimeError.__init__(self, message)
-        self.func = func  # type: ignore[assignment]
+        setattr(self, self._field, value)
 
     def __str__(self) -> str:
         return str(self.args[0])
 
 
-class DynamicOutputShapeError(AOTCompileError, DynamicOutputShapeException):
-    """See Note [Tracing errors keep torch's types]."""
-
-    def __init__(self, message: str, func: object) -> None:
-        RuntimeError.__init__(self, message)
-        self.func = func  # type: ignore[assignment]
-
-    def __str__(self) -> str:
-        return str(self.args[0])
+class DataDependentError(_TorchTypedCompileError, DataDependentOutputException):
+    """A tensor's value was needed while tracing (``.item()``, ``if x.sum() > 0``)."""
 
 
-class DataDependentGuardError(AOTCompileError, GuardOnDataDependentSymNode):
-    """See Note [Tracing errors keep torch's types]."""
+class DynamicOutputShapeError(_TorchTypedCompileError, DynamicOutputShapeException):
+    """An op's output shape depends on tensor values (``nonzero``, masks)."""
 
-    def __init__(self, message: str, cond: object) -> None:
-        RuntimeError.__init__(self, message)
-        self.cond = cond  # type: ignore[assignment]
 
-    def __str__(self) -> str:
-        return str(self.args[0])
+class DataDependentGuardError(_TorchTypedCompileError, GuardOnDataDependentSymNode):
+    """A branch on a data-dependent symbolic value."""
+
+    _field = "cond"
 
 
 @contextlib.contextmanager
