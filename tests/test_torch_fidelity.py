@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import aotkit
 import functorch.compile as torch_compile
 import pytest
 import torch
+from aotkit_frontends import default_decompositions
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.testing._internal.two_tensor import TwoTensor, TwoTensorMode
-
-import aotkit
-from aotkit_frontends import default_decompositions
 
 
 def test_tracing_errors_keep_torchs_exception_types() -> None:
