@@ -126,6 +126,10 @@ def test_corpus_case(case: Case) -> None:
             not torch_problems
             and aot.counts
             and oracle.counts
+            # comparable only when both compiled (torch may raise where aotkit defers an
+            # error to backward, as eager does)
+            and aot.observations[0].raised is None
+            and oracle.observations[0].raised is None
             and (aot.counts[0]["fw"], aot.counts[0]["inference"])
             != (oracle.counts[0]["fw"], oracle.counts[0]["inference"])
         ):

@@ -106,3 +106,26 @@ class _MutatesInput(torch.nn.Module):
 def test_export_errors_lead_with_torchs_text(make_args: Any, message: str) -> None:
     with pytest.raises(RuntimeError, match=message):
         aotkit.aot_export_module(_MutatesInput(), make_args(torch.ones(2)), trace_joint=False)
+
+
+def test_backward_through_a_stale_saved_value_raises_only_when_used() -> None:
+    # See Note [Backward paths through stale saved values]
+    def f(v0: torch.Tensor, v1: torch.Tensor) -> tuple[torch.Tensor]:
+        v2 = v0.sin()
+        v0.add_(1.5)
+        v1.add_(v2.mean())
+        return (v0,)
+
+    results = []
+    for fn in (f, aotkit.aot_function(f, aotkit.nop)):
+        torch.manual_seed(0)
+        leaf = torch.randn(4, requires_grad=True)
+        v0, v1 = leaf.clone(), torch.randn(4)
+        (out,) = fn(v0, v1)
+        torch.autograd.backward([out.sum()])
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.backward([v1.sum()])
+        assert leaf.grad is not None
+        results.append((out.detach(), v1.detach(), leaf.grad.clone()))
+    for eager_value, aot_value in zip(results[0], results[1], strict=True):
+        torch.testing.assert_close(aot_value, eager_value)

@@ -430,8 +430,9 @@ def rejects_mismatched_inplace_shapes(x, y):
     return x
 
 
-# Eager raises at backward: x was saved by the multiplication, then modified. A compiled
-# version may raise as early as the call (aotkit and torch raise while tracing the joint).
+# Eager raises at backward: x was saved by the multiplication, then modified. torch raises
+# already while tracing the joint; aotkit raises at backward, like eager (See Note
+# [Backward paths through stale saved values] in aotkit_frontends).
 @case(inputs=lambda: (rand(3), rand(3, grad=True)), eager_raises=True)
 def rejects_backward_through_input_mutated_after_use(x, y):
     out = x * y

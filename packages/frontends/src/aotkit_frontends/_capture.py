@@ -119,26 +119,77 @@ def trace_joint(
                     if isinstance(p, torch.Tensor) and p.requires_grad
                 ]
                 outs_and_grads = [
-                    (returns[pos], f_tangents[k])
+                    (k, returns[pos], f_tangents[k])
                     for k, pos in enumerate(tangent_positions)
                     if isinstance(returns[pos], torch.Tensor) and returns[pos].requires_grad
                 ]
                 grads: list[Any] = [None] * len(f_primals)
                 if outs_and_grads and diff_inputs:
-                    computed = torch.autograd.grad(
-                        [o for o, _ in outs_and_grads],
-                        [p for _, p in diff_inputs],
-                        grad_outputs=[t for _, t in outs_and_grads],
-                        allow_unused=True,
-                    )
+                    computed, failed = _input_grads(outs_and_grads, [p for _, p in diff_inputs])
+                    stale_tangents.update(failed)
                     for (i, _), g in zip(diff_inputs, computed, strict=True):
                         grads[i] = g
             plain_returns = [from_functional(r) for r in returns]
             plain_grads = [from_functional(g) if g is not None else None for g in grads]
         return [*plain_returns, *plain_grads]
 
+    stale_tangents: dict[int, str] = {}
     primals = list(fake_args)
     tangents = list(meta.traced_tangents)
     with torch.autograd.set_multithreading_enabled(False):
         gm = make_fx(joint, decomposition_table=decompositions)(primals, tangents)
+    # See Note [Backward paths through stale saved values]
+    gm.meta[STALE_TANGENTS_KEY] = stale_tangents
     return gm, [primals, tangents]
+
+
+# Note [Backward paths through stale saved values]
+# An output can depend on a value autograd saved before the function modified it in place
+# (``y = x.sin(); x.add_(1); buf.add_(y.mean())``: ``buf``'s gradient needs sin's saved
+# ``x``). Eager raises autograd's "modified by an inplace operation" error only if the user
+# backpropagates through that output. The joint graph differentiates every
+# tangent-receiving output at trace time, so when that raises, each output is
+# differentiated on its own; the ones that fail are left out of the joint (their tangents
+# go unused) and recorded in ``gm.meta[STALE_TANGENTS_KEY]`` (tangent index -> autograd's
+# message). The runtime gives those outputs a node that raises the same message when
+# differentiated, so the error appears exactly when eager's would.
+STALE_TANGENTS_KEY = "aotkit_stale_tangents"
+_STALE_SAVE_ERROR = "modified by an inplace operation"
+
+
+def _input_grads(
+    outs_and_tangents: Sequence[tuple[int, torch.Tensor, torch.Tensor]],
+    inputs: Sequence[torch.Tensor],
+) -> tuple[list[Any], dict[int, str]]:
+    """Gradients of the outputs w.r.t. ``inputs``; see Note [Backward paths through stale
+    saved values] for the outputs that cannot be differentiated."""
+    try:
+        return list(
+            torch.autograd.grad(
+                [o for _, o, _ in outs_and_tangents],
+                list(inputs),
+                grad_outputs=[t for _, _, t in outs_and_tangents],
+                allow_unused=True,
+                retain_graph=True,
+            )
+        ), {}
+    except RuntimeError as e:
+        if _STALE_SAVE_ERROR not in str(e):
+            raise
+    totals: list[Any] = [None] * len(inputs)
+    failed: dict[int, str] = {}
+    for k, out, tangent in outs_and_tangents:
+        try:
+            partial = torch.autograd.grad(
+                [out], list(inputs), grad_outputs=[tangent], allow_unused=True, retain_graph=True
+            )
+        except RuntimeError as e:
+            if _STALE_SAVE_ERROR not in str(e):
+                raise
+            failed[k] = str(e)
+            continue
+        totals = [
+            g if total is None else (total if g is None else total + g)
+            for total, g in zip(totals, partial, strict=True)
+        ]
+    return totals, failed

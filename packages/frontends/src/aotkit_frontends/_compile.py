@@ -32,7 +32,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-from ._capture import FlatFn, trace_inference, trace_joint
+from ._capture import STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._guards import ShapeGuard
@@ -365,6 +365,7 @@ def _compile_training(
             len(meta.tangent_indices),
         ),
         plain_view_outputs=_plain_view_outputs(fw_module, meta),
+        stale_tangents=tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items())),
     )
     run = make_autograd_function(compiled_fw, compile_backward, plan)
     return run

@@ -93,6 +93,9 @@ class AutogradPlan:
     # forward-return positions of non_alias outputs the forward graph computes as a view
     # of an intermediate; See Note [unsafe_view_alias outputs]
     plain_view_outputs: tuple[int, ...] = ()
+    # (tangent index, autograd's message) for outputs whose backward must raise when used;
+    # See Note [Backward paths through stale saved values] in aotkit_frontends
+    stale_tangents: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         assert self.meta.is_train, "an AutogradPlan needs training metadata"
@@ -131,6 +134,7 @@ def make_autograd_function(
     non_diff_positions = tuple(
         i for i in range(n_returns) if i not in set(tangent_positions) and i not in opaque
     )
+    stale = tuple((tangent_positions[k], message) for k, message in plan.stale_tangents)
     bw_holder: list[Callable[[list[Any]], Sequence[Any]]] = []
     tangent_deps = plan.tangent_deps
 
@@ -203,10 +207,26 @@ def make_autograd_function(
         with torch.enable_grad():
             out: tuple[Any, ...] = CompiledFunction.apply(*args)
         if opaque:
-            return tuple(o.value if isinstance(o, _Opaque) else o for o in out)
+            out = tuple(o.value if isinstance(o, _Opaque) else o for o in out)
+        if stale:
+            out = _raise_on_backward(out, stale)
         return out
 
     return run
+
+
+def _raise_on_backward(
+    out: tuple[Any, ...], stale: Sequence[tuple[int, str]]
+) -> tuple[Any, ...]:
+    """Outputs at ``stale`` positions get a node that raises its message when
+    differentiated (values unchanged)."""
+    result = list(out)
+    for pos, message in stale:
+        value = result[pos]
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            delayed: Any = torch._C._functions.DelayedError(message, 1)
+            result[pos] = delayed(value)
+    return tuple(result)
 
 
 def _as_tangent(g: Any) -> Any:
