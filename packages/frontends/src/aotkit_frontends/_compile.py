@@ -27,6 +27,7 @@ from aotkit_schemas import (
     PartitionResult,
     ViewAndMutationMeta,
     graph_outputs,
+    is_boxed,
 )
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
@@ -205,8 +206,7 @@ def compile_flat(
     if trivial:
 
         def run_trivial(args: list[Any]) -> list[Any]:
-            # a boxed compiled graph may clear the list it gets; the epilogue needs args
-            return epilogue(args, call(list(args)))
+            return epilogue(args, call(args))
 
         return run_trivial, artifacts
 
@@ -214,7 +214,7 @@ def compile_flat(
 
     def run(args: list[Any]) -> list[Any]:
         compiled_args = layout.compiled_args(args)
-        outs = epilogue(compiled_args, call(list(compiled_args)))
+        outs = epilogue(compiled_args, call(compiled_args))
         # See Note [Duplicate and aliased inputs]
         return effects.apply(args, outs)
 
@@ -231,7 +231,18 @@ def _compile_inference(
     gm = trace_inference(traced_fn, fake, meta, cfg.decompositions)
     artifacts.inference_module = gm
     compiler = cfg.inference_compiler or cfg.fw_compiler
-    compiled = as_list_caller(compiler(gm, fake))
+    raw = compiler(gm, fake)
+    compiled = as_list_caller(raw)
+    if is_boxed(raw):
+        # A boxed graph may clear the list it gets (Note [Boxed calling convention]); the
+        # epilogue still reads the arguments, so it gets a copy. (The training path's
+        # autograd.Function builds its own list.)
+        boxed = compiled
+
+        def call_with_copy(args: list[Any]) -> Sequence[Any]:
+            return boxed(list(args))
+
+        compiled = call_with_copy
     grad_free = not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake)
     plain_views = _plain_view_outputs(gm, meta)
     if plain_views:
@@ -359,7 +370,6 @@ def _compile_training(
         meta=meta,
         num_saved_tensors=partition.num_saved_tensors,
         num_saved_symints=partition.num_saved_symints,
-        num_inputs=len(fake),
         tangent_deps=_tangent_dependencies(
             bw_module, partition.num_saved_symints + partition.num_saved_tensors,
             len(meta.tangent_indices),

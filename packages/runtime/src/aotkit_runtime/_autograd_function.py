@@ -85,8 +85,6 @@ class AutogradPlan:
     meta: ViewAndMutationMeta
     num_saved_tensors: int
     num_saved_symints: int
-    # one flag per compiled input: does it get a gradient slot
-    num_inputs: int
     # for every backward output, the tangents (by position among the tangents) it is
     # computed from; See Note [Gradients through unused outputs]. None: unknown.
     tangent_deps: tuple[frozenset[int], ...] | None = None

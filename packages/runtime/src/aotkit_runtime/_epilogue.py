@@ -50,7 +50,6 @@ def _apply_input_mutation(
 def make_epilogue(
     meta: ViewAndMutationMeta,
     relative_offsets: Sequence[int | None],
-    constant_outputs: dict[int, Any] | None = None,
 ) -> Callable[[list[Any], Sequence[Any]], list[Any]]:
     """Build ``epilogue(compiled_args, forward_returns) -> user outputs``.
 
