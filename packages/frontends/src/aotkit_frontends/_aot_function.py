@@ -18,7 +18,7 @@ from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig
 
 from ._compile import CompiledArtifacts, Runner, compile_flat
-from ._guards import ShapeGuard, input_key
+from ._guards import input_key
 from ._outputs import OutputLayout, flatten_function
 
 log = logging.getLogger(__name__)
@@ -90,7 +90,6 @@ class CompiledCache:
         self._by_key: dict[tuple[Any, ...], list[Entry]] = {}
         self.last_key: tuple[Any, ...] | None = None
         self.last_entry: Entry | None = None
-        self._last_guard: ShapeGuard | None = None
         self._flat_specs: dict[int, pytree.TreeSpec] = {}
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -106,11 +105,13 @@ class CompiledCache:
             flat_args, dynamic=self.cfg.dynamic_shapes, num_static=self.cfg.num_params_buffers
         ))
         entry = self.last_entry
-        guard = self._last_guard
-        if key != self.last_key or entry is None or (guard is not None and not guard(flat_args)):
+        if (
+            key != self.last_key
+            or entry is None
+            or (entry[2].guard is not None and not entry[2].guard(flat_args))
+        ):
             entry = self._lookup(key, flat_args, in_spec)
             self.last_key, self.last_entry = key, entry
-            self._last_guard = entry[2].guard
         runner, outputs, _ = entry
         return outputs.unflatten(runner(flat_args))
 
