@@ -121,6 +121,20 @@ def all_cases() -> list[Case]:
 # ---- input helpers -------------------------------------------------------------------
 
 
+# Short names for expected kinds, shared by the corpus modules.
+NA = OutputType.non_alias
+IS_INPUT = OutputType.is_input
+OF_INPUT = OutputType.alias_of_input
+OF_INTER = OutputType.alias_of_intermediate
+OF_INTER_SAVE = OutputType.alias_of_intermediate_save_as_output
+OF_INTER_USER = OutputType.alias_of_intermediate_base_is_user_output
+UNSAFE = OutputType.unsafe_view_alias
+CUSTOM = OutputType.custom_function_view
+NM = MutationType.NOT_MUTATED
+IN_GRAPH = MutationType.MUTATED_IN_GRAPH
+OUT_GRAPH = MutationType.MUTATED_OUT_GRAPH
+
+
 def rand(*shape: int, grad: bool = False, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A fresh random leaf tensor."""
     return torch.randn(*shape, dtype=dtype, requires_grad=grad)

@@ -7,17 +7,19 @@ aotkit, not against torch's metadata pass on the user's inputs.
 
 from __future__ import annotations
 
-from aotkit_schemas import MutationType, OutputType
-
-from corpus import TorchDiffers, case_registrar, nonleaf, rand
+from corpus import (
+    IS_INPUT,
+    NM,
+    OF_INPUT,
+    OUT_GRAPH,
+    TorchDiffers,
+    case_registrar,
+    nonleaf,
+    rand,
+)
 
 case = case_registrar("mutation")
 
-NA = OutputType.non_alias
-OF_INPUT = OutputType.alias_of_input
-IS_INPUT = OutputType.is_input
-NM = MutationType.NOT_MUTATED
-OUT_GRAPH = MutationType.MUTATED_OUT_GRAPH
 
 
 def _base_and_flat_view():

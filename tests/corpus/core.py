@@ -7,14 +7,11 @@ import math
 
 import torch
 import torch.nn.functional as F
-from aotkit_schemas import MutationType, OutputType
 
-from corpus import case_registrar, ints, rand
+from corpus import NA, NM, case_registrar, ints, rand
 
 case = case_registrar("core")
 
-NA = OutputType.non_alias
-NM = MutationType.NOT_MUTATED
 
 
 # ---- pointwise -------------------------------------------------------------------------

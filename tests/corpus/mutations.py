@@ -7,18 +7,22 @@ See Note [Input mutation kinds] in aotkit_schemas. Each case names the MutationT
 from __future__ import annotations
 
 import torch
-from aotkit_schemas import MutationType, OutputType
 
-from corpus import TorchDiffers, case_registrar, nonleaf, rand
+from corpus import (
+    IN_GRAPH,
+    IS_INPUT,
+    NA,
+    NM,
+    OF_INPUT,
+    OUT_GRAPH,
+    TorchDiffers,
+    case_registrar,
+    nonleaf,
+    rand,
+)
 
 case = case_registrar("mutation")
 
-NA = OutputType.non_alias
-IS_INPUT = OutputType.is_input
-OF_INPUT = OutputType.alias_of_input
-NM = MutationType.NOT_MUTATED
-IN_GRAPH = MutationType.MUTATED_IN_GRAPH
-OUT_GRAPH = MutationType.MUTATED_OUT_GRAPH
 
 
 # ---- data mutations --------------------------------------------------------------------

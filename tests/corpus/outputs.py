@@ -7,22 +7,25 @@ See Note [Output aliasing kinds] in aotkit_schemas. Each case names the OutputTy
 from __future__ import annotations
 
 import torch
-from aotkit_schemas import MutationType, OutputType
 
-from corpus import TorchDiffers, case_registrar, nonleaf, rand
+from corpus import (
+    CUSTOM,
+    IS_INPUT,
+    NA,
+    NM,
+    OF_INPUT,
+    OF_INTER,
+    OF_INTER_SAVE,
+    OF_INTER_USER,
+    UNSAFE,
+    TorchDiffers,
+    case_registrar,
+    nonleaf,
+    rand,
+)
 
 case = case_registrar("mutation")
 
-NA = OutputType.non_alias
-IS_INPUT = OutputType.is_input
-OF_INPUT = OutputType.alias_of_input
-OF_INTER = OutputType.alias_of_intermediate
-OF_INTER_SAVE = OutputType.alias_of_intermediate_save_as_output
-OF_INTER_USER = OutputType.alias_of_intermediate_base_is_user_output
-UNSAFE = OutputType.unsafe_view_alias
-CUSTOM = OutputType.custom_function_view
-NM = MutationType.NOT_MUTATED
-OUT_GRAPH = MutationType.MUTATED_OUT_GRAPH
 
 
 # ---- non_alias and is_input ------------------------------------------------------------
