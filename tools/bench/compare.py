@@ -341,6 +341,18 @@ def _fmt(seconds: float, unit: str) -> str:
     return f"{seconds * scale:10.3f}"
 
 
+def _three_way(stats: Any, unit: str) -> list[str]:
+    """eager/torch/aotkit medians and the three ratios between them, as table cells."""
+    return [
+        _fmt(stats.median("eager"), unit),
+        _fmt(stats.median("torch"), unit),
+        _fmt(stats.median("aotkit"), unit),
+        f"{stats.ratio('aotkit', 'torch'):.3f}",
+        f"{stats.ratio('aotkit', 'eager'):.3f}",
+        f"{stats.ratio('torch', 'eager'):.3f}",
+    ]
+
+
 def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     print(f"\n== {title} ==")
@@ -423,17 +435,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         progress(f"[{name}] steady state")
         st, n = bench_steady(w, s)
         steady_rows.append(
-            [
-                name,
-                _fmt(st.median("eager"), "ms"),
-                _fmt(st.median("torch"), "ms"),
-                _fmt(st.median("aotkit"), "ms"),
-                f"{st.ratio('aotkit', 'torch'):.3f}",
-                f"{st.ratio('aotkit', 'eager'):.3f}",
-                f"{st.ratio('torch', 'eager'):.3f}",
-                str(n),
-                st.noise(),
-            ]
+            [name, *_three_way(st, "ms"), str(n), st.noise()]
         )
         if name in ("mlp", "transformer"):
             targets.append((f"steady step {name}: aotkit/eager", st.ratio("aotkit", "eager"), 1.03))
@@ -445,12 +447,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             tiny_rows.append(
                 [
                     mode,
-                    _fmt(ts.median("eager"), "us"),
-                    _fmt(ts.median("torch"), "us"),
-                    _fmt(ts.median("aotkit"), "us"),
-                    f"{ts.ratio('aotkit', 'torch'):.3f}",
-                    f"{ts.ratio('aotkit', 'eager'):.3f}",
-                    f"{ts.ratio('torch', 'eager'):.3f}",
+                    *_three_way(ts, "us"),
                     f"{ts.overhead_ratio('aotkit', 'torch', 'eager'):.3f}",
                     str(n),
                     ts.noise(),
