@@ -7,6 +7,8 @@ from typing import Any
 
 import torch.fx
 
+from aotkit_schemas import mark_unboxed_entry
+
 from ._boxing import BoxedCallable, make_boxed_func
 
 
@@ -22,4 +24,5 @@ def nop(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> BoxedCallabl
         return make_boxed_func(gm)
     boxed = make_boxed_func(gm.forward)
     boxed.__wrapped__ = gm  # type: ignore[attr-defined]
+    mark_unboxed_entry(boxed, gm.forward)
     return boxed

@@ -91,9 +91,17 @@ class CompiledCache:
         self.last_key: tuple[Any, ...] | None = None
         self.last_entry: Entry | None = None
         self._flat_specs: dict[int, pytree.TreeSpec] = {}
+        self._dynamic = cfg.dynamic_shapes
+        self._num_static = cfg.num_params_buffers
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if not kwargs and all(isinstance(a, _FLAT_LEAF_TYPES) for a in args):
+        flat = not kwargs
+        if flat:
+            for a in args:
+                if not isinstance(a, _FLAT_LEAF_TYPES):
+                    flat = False
+                    break
+        if flat:
             # Fast path: positional tensors/scalars flatten to themselves.
             flat_args = list(args)
             in_spec = self._flat_specs.get(len(args))
@@ -101,9 +109,7 @@ class CompiledCache:
                 in_spec = self._flat_specs[len(args)] = pytree.tree_flatten((args, {}))[1]
         else:
             flat_args, in_spec = pytree.tree_flatten((args, kwargs))
-        key = (in_spec, input_key(
-            flat_args, dynamic=self.cfg.dynamic_shapes, num_static=self.cfg.num_params_buffers
-        ))
+        key = (in_spec, input_key(flat_args, dynamic=self._dynamic, num_static=self._num_static))
         entry = self.last_entry
         if (
             key != self.last_key
@@ -112,8 +118,7 @@ class CompiledCache:
         ):
             entry = self._lookup(key, flat_args, in_spec)
             self.last_key, self.last_entry = key, entry
-        runner, outputs, _ = entry
-        return outputs.unflatten(runner(flat_args))
+        return entry[1].unflatten(entry[0](flat_args))
 
     def _lookup(
         self, key: tuple[Any, ...], flat_args: list[Any], in_spec: pytree.TreeSpec

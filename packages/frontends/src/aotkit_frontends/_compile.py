@@ -19,7 +19,13 @@ import torch
 import torch.fx
 from aotkit_analysis import InputLayout, collect_metadata, compute_input_layout
 from aotkit_functional import as_plain_tensor
-from aotkit_runtime import AutogradPlan, as_list_caller, make_autograd_function, make_epilogue
+from aotkit_runtime import (
+    AutogradPlan,
+    as_list_caller,
+    make_autograd_function,
+    make_epilogue,
+    needs_epilogue,
+)
 from aotkit_schemas import (
     RUNTIME_MUTATED_INPUT_KEY,
     AOTConfig,
@@ -38,7 +44,7 @@ from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._guards import ShapeGuard
 
-Runner = Callable[[list[Any]], list[Any]]
+Runner = Callable[[list[Any]], Sequence[Any]]
 
 
 @dataclass
@@ -200,8 +206,11 @@ def compile_flat(
         # A fake mode that came with the inputs (dynamo's) belongs to a caller that guards.
         n_static = _num_params_after_layout(layout, cfg.num_params_buffers)
         artifacts.guard = ShapeGuard.build(shape_env, fake, range(n_static, len(fake)), layout)
-    epilogue = make_epilogue(meta, relative)
     trivial = layout.is_trivial
+    if trivial and not needs_epilogue(meta):
+        # the forward returns are the user outputs (See Note [Specialised runtime paths])
+        return call, artifacts
+    epilogue = make_epilogue(meta, relative)
 
     if trivial:
 
@@ -376,9 +385,25 @@ def _compile_training(
         ),
         plain_view_outputs=_plain_view_outputs(fw_module, meta),
         stale_tangents=tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items())),
+        static_tangent_like=_static_tangent_like(meta),
     )
     run = make_autograd_function(compiled_fw, compile_backward, plan)
     return run
+
+
+def _static_tangent_like(
+    meta: ViewAndMutationMeta,
+) -> tuple[tuple[torch.Size, torch.dtype, torch.device] | None, ...] | None:
+    """(shape, dtype, device) of every tangent, or None when a shape is symbolic."""
+    result: list[tuple[torch.Size, torch.dtype, torch.device] | None] = []
+    for t in meta.traced_tangents:
+        if not isinstance(t, torch.Tensor):
+            result.append(None)
+            continue
+        if not all(type(d) is int for d in t.shape):
+            return None
+        result.append((torch.Size(t.shape), t.dtype, t.device))
+    return tuple(result)
 
 
 def _mark_runtime_mutated_primals(joint: torch.fx.GraphModule, meta: ViewAndMutationMeta) -> None:

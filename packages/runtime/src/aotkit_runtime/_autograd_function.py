@@ -27,6 +27,14 @@ the backward's inputs.
 # "modified by an inplace operation" at backward. So such an output is saved for backward
 # too, and unpacking it checks its version.
 
+# Note [Specialised runtime paths]
+# The Function's forward, backward and ``run`` are built per compiled program, and every
+# feature a program does not use costs nothing per call: with no opaque returns, no
+# unsafe views and no non-differentiable returns the forward saves and returns its slices
+# directly; saved symints, the version guards of unsafe views and the zero tangents of
+# unused outputs (with static shapes, known at compile time) are only handled when
+# present; grad mode is only switched when it is off.
+
 # Note [Gradients through unused outputs]
 # Eager autograd never runs the part of the graph that only leads to outputs the backward
 # did not use: an input that only feeds such outputs keeps ``.grad is None``. The compiled
@@ -46,7 +54,7 @@ from typing import Any
 
 import torch
 from aotkit_functional import as_plain_tensor
-from aotkit_schemas import OutputType, ViewAndMutationMeta
+from aotkit_schemas import OutputType, ViewAndMutationMeta, unboxed_entry
 
 from ._call import as_list_caller
 
@@ -94,6 +102,11 @@ class AutogradPlan:
     # (tangent index, autograd's message) for outputs whose backward must raise when used;
     # See Note [Backward paths through stale saved values] in aotkit_frontends
     stale_tangents: tuple[tuple[int, str], ...] = ()
+    # (shape, dtype, device) of every tangent (None: not a tensor) when all shapes are
+    # static; the zeros fed for unused outputs. None: read from the outputs at run time.
+    static_tangent_like: tuple[tuple[torch.Size, torch.dtype, torch.device] | None, ...] | None = (
+        None
+    )
 
     def __post_init__(self) -> None:
         assert self.meta.is_train, "an AutogradPlan needs training metadata"
@@ -112,6 +125,7 @@ def make_autograd_function(
     ``compiled_bw`` is a thunk returning the compiled backward (compiled on first use).
     """
     fw = as_list_caller(compiled_fw)
+    fw_direct = unboxed_entry(compiled_fw)
     meta = plan.meta
     n_returns = meta.num_forward_returns
     n_tensors = plan.num_saved_tensors
@@ -136,19 +150,30 @@ def make_autograd_function(
     bw_holder: list[Callable[[list[Any]], Sequence[Any]]] = []
     tangent_deps = plan.tangent_deps
 
+    # See Note [Specialised runtime paths]
+    plain_forward = not unsafe_views and not opaque and not non_diff_positions
+    static_tangent_like = plan.static_tangent_like
+    n_symints = plan.num_saved_symints
+    saved_end = n_returns + n_tensors
+
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *args: Any) -> Any:
-            outs = fw(list(args))
+            outs = fw_direct(*args) if fw_direct is not None else fw(list(args))
             if tangent_deps is not None:
                 # See Note [Gradients through unused outputs]
                 ctx.set_materialize_grads(False)
-                ctx.tangent_like = [
-                    (o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None
-                    for o in (outs[i] for i in tangent_positions)
-                ]
-            saved_tensors = outs[n_returns : n_returns + n_tensors]
-            ctx.saved_symints = tuple(outs[n_returns + n_tensors :])
+                if static_tangent_like is None:
+                    ctx.tangent_like = [
+                        (o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None
+                        for o in (outs[i] for i in tangent_positions)
+                    ]
+            if n_symints:
+                ctx.saved_symints = tuple(outs[saved_end:])
+            if plain_forward:
+                ctx.save_for_backward(*outs[n_returns:saved_end])
+                return tuple(outs[:n_returns])
+            saved_tensors = outs[n_returns:saved_end]
             raw = list(outs[:n_returns])
             guarded: list[torch.Tensor] = []
             if unsafe_views:
@@ -176,34 +201,56 @@ def make_autograd_function(
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
             if not bw_holder:
-                bw_holder.append(as_list_caller(compiled_bw()))
-            tangents = [_as_tangent(grads[i]) for i in tangent_positions]
-            unused = frozenset(k for k, t in enumerate(tangents) if t is None)
-            for k in unused:
-                like = ctx.tangent_like[k]
-                if like is not None:
-                    tangents[k] = torch.zeros(like[0], dtype=like[1], device=like[2])
+                compiled = compiled_bw()
+                direct = unboxed_entry(compiled)
+                bw_holder.append(
+                    as_list_caller(compiled) if direct is None else lambda a: direct(*a)
+                )
+            bw = bw_holder[0]
+            tangents = [grads[i] for i in tangent_positions]
+            unused: frozenset[int] = frozenset()
+            for k, t in enumerate(tangents):
+                if t is None:
+                    unused |= {k}
+                    like = (
+                        static_tangent_like[k]
+                        if static_tangent_like is not None
+                        else ctx.tangent_like[k]
+                    )
+                    if like is not None:
+                        tangents[k] = torch.zeros(like[0], dtype=like[1], device=like[2])
+                elif not t.is_contiguous():
+                    tangents[k] = t.contiguous()
             # unpacking checks the versions of guarded unsafe views too
-            saved = ctx.saved_tensors[:n_tensors]
-            all_args = [*ctx.saved_symints, *saved, *tangents]
+            saved = ctx.saved_tensors
+            if len(saved) != n_tensors:
+                saved = saved[:n_tensors]
+            all_args = [*ctx.saved_symints, *saved, *tangents] if n_symints else [*saved, *tangents]
             if torch.is_grad_enabled() and any(
                 isinstance(t, torch.Tensor) and t.requires_grad for t in all_args
             ):
                 with torch.no_grad():
-                    in_grads = [_delay_error(g) for g in bw_holder[0](all_args)]
+                    in_grads = [_delay_error(g) for g in bw(all_args)]
+            elif not unused:
+                return tuple(bw(all_args))
             else:
-                in_grads = list(bw_holder[0](all_args))
+                in_grads = list(bw(all_args))
             if unused and tangent_deps is not None:
                 for i, deps in enumerate(tangent_deps):
                     if deps and deps <= unused:
                         in_grads[i] = None
             return tuple(in_grads)
 
+    apply = CompiledFunction.apply
+
     def run(args: list[Any]) -> tuple[Any, ...]:
         # A training graph is only compiled when an output needs grad; under an outer
         # no_grad that means the function enabled grad itself, so record the node anyway.
-        with torch.enable_grad():
-            out: tuple[Any, ...] = CompiledFunction.apply(*args)
+        if torch.is_grad_enabled():
+            out: tuple[Any, ...] = apply(*args)
+        else:
+            with torch.enable_grad():
+                out = apply(*args)
         if opaque:
             out = tuple(o.value if isinstance(o, _Opaque) else o for o in out)
         if stale:
@@ -225,12 +272,6 @@ def _raise_on_backward(
             delayed: Any = torch._C._functions.DelayedError(message, 1)
             result[pos] = delayed(value)
     return tuple(result)
-
-
-def _as_tangent(g: Any) -> Any:
-    if isinstance(g, torch.Tensor) and not g.is_contiguous():
-        return g.contiguous()
-    return g
 
 
 def _delay_error(g: Any) -> Any:

@@ -47,6 +47,17 @@ def _apply_input_mutation(
             original.copy_(updated)
 
 
+def needs_epilogue(meta: ViewAndMutationMeta) -> bool:
+    """False when the forward returns are exactly the user outputs: nothing to copy back
+    into inputs, no alias to regenerate and no grad mode to restore."""
+    return bool(
+        meta.mutated_inp_runtime_indices
+        or any(info.is_regenerated_alias for info in meta.output_info)
+        or meta.grad_enabled_mutation is not None
+        or meta.num_forward_returns != meta.num_outputs
+    )
+
+
 def make_epilogue(
     meta: ViewAndMutationMeta,
     relative_offsets: Sequence[int | None],

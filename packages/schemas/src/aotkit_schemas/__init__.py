@@ -14,8 +14,10 @@ from ._protocols import Partitioner as Partitioner
 from ._protocols import PartitionResult as PartitionResult
 from ._protocols import graph_outputs as graph_outputs
 from ._protocols import is_boxed as is_boxed
+from ._protocols import mark_unboxed_entry as mark_unboxed_entry
 from ._protocols import is_sym_node as is_sym_node
 from ._protocols import output_node as output_node
+from ._protocols import unboxed_entry as unboxed_entry
 from ._signatures import FQN as FQN
 from ._signatures import BackwardSignature as BackwardSignature
 from ._signatures import GraphInputName as GraphInputName
@@ -44,6 +46,8 @@ __all__ = [
     "graph_outputs",
     "is_boxed",
     "is_sym_node",
+    "mark_unboxed_entry",
     "mutation_can_stay_in_graph",
     "output_node",
+    "unboxed_entry",
 ]

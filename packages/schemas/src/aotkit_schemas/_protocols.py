@@ -48,11 +48,30 @@ DecompositionTable = dict[Any, Callable[..., Any]]
 #     callee may clear it, but must not otherwise change it;
 #   * the callee returns its outputs, never the list it was given;
 #   * a compiler whose result lacks ``_boxed_call`` is called with ``*args``.
+# A boxed callable that never clears its list may also carry ``_aotkit_unboxed``: an
+# equivalent ``f(*args)``. Callers that hold the arguments as a tuple already call that and
+# skip building a list (aotkit's ``nop`` sets it to the graph's ``forward``).
 
 
 def is_boxed(fn: Callable[..., Any]) -> bool:
     """Whether ``fn`` follows Note [Boxed calling convention]."""
     return getattr(fn, "_boxed_call", False) is True
+
+
+_UNBOXED_ATTR = "_aotkit_unboxed"
+
+
+def mark_unboxed_entry(boxed: Callable[..., Any], unboxed: Callable[..., Any]) -> None:
+    """Record that ``boxed(args) == unboxed(*args)`` and ``boxed`` never clears ``args``.
+
+    See Note [Boxed calling convention]."""
+    setattr(boxed, _UNBOXED_ATTR, unboxed)
+
+
+def unboxed_entry(fn: Callable[..., Any]) -> Callable[..., Any] | None:
+    """The ``f(*args)`` recorded by ``mark_unboxed_entry`` on a boxed callable, if any."""
+    entry: Callable[..., Any] | None = getattr(fn, _UNBOXED_ATTR, None) if is_boxed(fn) else None
+    return entry
 
 
 @runtime_checkable
