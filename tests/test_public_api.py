@@ -48,6 +48,7 @@ def test_meta_package_exports_the_drop_in_api() -> None:
         "aot_function", "aot_module", "aot_module_simplified", "aot_export_module",
         "aot_export_joint_simple", "aot_autograd", "default_partition",
         "min_cut_rematerialization_partition", "nop", "make_boxed_func", "make_boxed_compiler",
+        "get_aot_compilation_context", "get_aot_graph_name", "get_graph_being_compiled",
     }
     assert required <= set(aotkit.__all__)
     for name in aotkit.__all__:

@@ -6,13 +6,21 @@ when compilers run, graph output containers, and error texts.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import aotkit
+import aotkit_frontends._aot_function as aotkit_aot_function
 import functorch.compile as torch_compile
 import pytest
 import torch
+import torch._functorch.aot_autograd as torch_aot
 from aotkit_frontends import default_decompositions
+from aotkit_frontends._backward_mutations import (
+    BACKWARD_INPUT_METADATA_MUTATION,
+    BACKWARD_TANGENT_METADATA_MUTATION,
+)
+from torch._guards import TracingContext
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.testing._internal.two_tensor import TwoTensor, TwoTensorMode
 
@@ -129,3 +137,149 @@ def test_backward_through_a_stale_saved_value_raises_only_when_used() -> None:
         results.append((out.detach(), v1.detach(), leaf.grad.clone()))
     for eager_value, aot_value in zip(results[0], results[1], strict=True):
         torch.testing.assert_close(aot_value, eager_value)
+
+
+# --- graph names while compiling (Note [Graph names during compilation]) ---
+
+
+def _record_compilation_context(
+    aot_function: Any, get_context: Any, partition_fn: Any
+) -> list[tuple[list[str], int, int]]:
+    """(graphs being compiled, nth_graph relative to the first record, node count) for
+    every partitioner and compiler call of: a training call, a backward, an inference
+    call, and then outside compilation."""
+    records: list[tuple[list[str], int, int]] = []
+
+    def record(gm: torch.fx.GraphModule) -> None:
+        names, model, nth = get_context()
+        assert model == "model"
+        records.append((names, nth, len(gm.graph.nodes)))
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        record(gm)
+        return aotkit.make_boxed_func(gm.forward)
+
+    def partition(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        record(joint)
+        return partition_fn(joint, joint_inputs, **kwargs)
+
+    train = aot_function(lambda x: x.sin().sin(), compiler, partition_fn=partition)
+    out = train(torch.randn(5, requires_grad=True))
+    aot_function(lambda x: x.cos(), compiler)(torch.randn(5))
+    out.sum().backward()
+    first = records[0][1]
+    return [(names, nth - first, n) for names, nth, n in records] + [
+        (get_context()[0], -1, -1)
+    ]
+
+
+def test_compilation_context_names_graphs_like_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch_aot, "AOT_COUNTER", itertools.count())
+    monkeypatch.setattr(aotkit_aot_function, "_AOT_COUNTER", itertools.count())
+    ours = _record_compilation_context(
+        aotkit.aot_function, aotkit.get_aot_compilation_context, aotkit.default_partition
+    )
+    theirs = _record_compilation_context(
+        torch_compile.aot_function, torch_compile.get_aot_compilation_context,
+        torch_compile.default_partition,
+    )
+    assert ours == theirs
+    assert [names for names, _, _ in ours] == [
+        ["0_joint"], ["0_forward"], ["1_inference"], ["0_backward"], []
+    ]
+    assert aotkit.get_aot_graph_name() == torch_compile.get_aot_graph_name().replace(
+        str(torch_compile.get_aot_compilation_context()[2]),
+        str(aotkit.get_aot_compilation_context()[2]),
+    )
+
+
+def test_dynamo_sees_the_graph_name_in_its_tracing_context() -> None:
+    seen: list[tuple[Any, list[str], str]] = []
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        context = TracingContext.try_get()
+        seen.append((
+            context.aot_graph_name if context is not None else None,
+            aotkit.get_aot_compilation_context()[0],
+            aotkit.get_aot_graph_name(),
+        ))
+        return aotkit.make_boxed_func(gm.forward)
+
+    torch._dynamo.reset()
+    f = torch.compile(lambda x: x.sin() * 2, backend=aotkit.aot_autograd(fw_compiler=compiler))
+    f(torch.randn(3, requires_grad=True)).sum().backward()
+    torch._dynamo.reset()
+    (fw_tracing, fw_names, fw_full), (_, bw_names, bw_full) = seen
+    aot_id = fw_names[0].removesuffix("_forward")
+    assert fw_names == [f"{aot_id}_forward"] and bw_names == [f"{aot_id}_backward"]
+    assert fw_tracing == fw_names  # what Inductor prints as "# AOT ID"
+    assert fw_full.startswith(f"model__{aot_id}_forward_")
+    assert bw_full.startswith(f"model__{aot_id}_backward_")
+    assert TracingContext.try_get() is None and aotkit.get_aot_compilation_context()[0] == []
+
+
+# --- metadata mutations in a custom backward (Note [Metadata mutations in the backward]) ---
+
+
+class _TransposesSavedInputInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(b)
+        return a.clone(), b.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad_a: torch.Tensor, grad_b: torch.Tensor) -> Any:
+        (b,) = ctx.saved_tensors
+        b.transpose_(1, 0)
+        return grad_a.clone(), grad_b.clone()
+
+
+class _TransposesGradInBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        grad.t_()
+        return grad.t()
+
+
+def _mutates_saved_input(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    a_, b_ = _TransposesSavedInputInBackward.apply(a, b)
+    return a_ * b_
+
+
+def _mutates_grad(x: torch.Tensor) -> torch.Tensor:
+    out: torch.Tensor = _TransposesGradInBackward.apply(x)
+    return out
+
+
+_BACKWARD_MUTATION_CASES = [
+    pytest.param(
+        _mutates_saved_input,
+        lambda: (torch.ones(3, 4, requires_grad=True).clone(), torch.ones(3, 4)),
+        id="saved_input",
+    ),
+    pytest.param(_mutates_grad, lambda: (torch.randn(3, 4, requires_grad=True),), id="grad"),
+]
+
+
+@pytest.mark.parametrize(("fn", "make_args"), _BACKWARD_MUTATION_CASES)
+def test_backward_metadata_mutation_messages_are_torchs(fn: Any, make_args: Any) -> None:
+    with pytest.raises(AssertionError) as err:
+        torch_compile.aot_function(fn, torch_compile.nop)(*make_args())
+    assert str(err.value) in (BACKWARD_INPUT_METADATA_MUTATION, BACKWARD_TANGENT_METADATA_MUTATION)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs check_backward_mutations called in _capture.trace_joint after the backward",
+)
+@pytest.mark.parametrize(("fn", "make_args"), _BACKWARD_MUTATION_CASES)
+def test_backward_metadata_mutation_raises_like_torch(fn: Any, make_args: Any) -> None:
+    with pytest.raises(AssertionError) as theirs:
+        torch_compile.aot_function(fn, torch_compile.nop)(*make_args())
+    with pytest.raises(AssertionError) as ours:
+        aotkit.aot_function(fn, aotkit.nop)(*make_args())
+    assert str(ours.value) == str(theirs.value)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
+import aotkit_frontends._aot_function as aotkit_aot_function
 import pytest
 import torch
+import torch._functorch.aot_autograd as torch_aot
 import torch.fx
 import torch.nn as nn
 from aotkit_backends import nop
@@ -224,3 +227,190 @@ def test_dynamo_metadata_from_a_dynamo_graph() -> None:
     assert all(s is not None for s in sources)
     assert len(sources) >= 1 and n_params <= len(sources)
     torch._dynamo.reset()
+
+
+# --- compile-time assumptions checked at run time (Note [Runtime checks of
+# aot_module_simplified]); torch is the oracle for every message ---
+
+
+@pytest.fixture
+def fresh_graph_ids(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Restart torch's and aotkit's compilation ids at 0, so messages naming "graph N"
+    compare equal."""
+    monkeypatch.setattr(torch_aot, "AOT_COUNTER", itertools.count())
+    monkeypatch.setattr(aotkit_aot_function, "_AOT_COUNTER", itertools.count())
+
+
+class MutatesBoth(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        x.unsqueeze_(0)
+        y.unsqueeze_(0)
+        return (x + y,)
+
+
+class Adds(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        return (x + y,)
+
+
+# torch's and aotkit's aot_module_simplified, torch's first
+SIMPLIFIED: tuple[Callable[..., Any], ...] = (torch_simplified, aot_module_simplified)
+
+
+def _message_of(fn: Callable[..., Any], *args: Any) -> str:
+    """The message of the AssertionError that ``fn(*args)`` raises."""
+    with pytest.raises(AssertionError) as err:
+        fn(*args)
+    return str(err.value)
+
+
+def _leaf_clone() -> torch.Tensor:
+    return torch.randn(3, 3, requires_grad=True).clone()
+
+
+@pytest.mark.parametrize("fake", [False, True], ids=["real", "fake"])
+def test_a_duplicate_that_is_no_longer_one_raises_torchs_message(
+    fresh_graph_ids: None, fake: bool
+) -> None:
+    x = _leaf_clone()
+    example: tuple[Any, Any] = (x, x)
+    if fake:
+        fake_x = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(x)
+        example = (fake_x, fake_x)
+    messages = []
+    for compile_fn in SIMPLIFIED:
+        compiled = compile_fn(MutatesBoth(), example, nop)
+        a = _leaf_clone()
+        compiled(a, a)  # the pattern it was compiled for
+        b, c = _leaf_clone(), _leaf_clone()
+        before = (b.shape, c.shape)
+        messages.append(_message_of(compiled, b, c))
+        assert (b.shape, c.shape) == before  # raised before touching the inputs
+    assert messages[1] == messages[0]
+    assert messages[1] == (
+        "At compilation time, graph 0 was compiled under the assumption that input 1 would be "
+        "a duplicate of input 0, but at runtime this was not the case.  This indicates a guard "
+        "bug in AOTAutograd or Dynamo, please file a bug to PyTorch."
+    )
+
+
+def test_duplicates_are_numbered_like_torch(fresh_graph_ids: None) -> None:
+    class MutatesAll(nn.Module):
+        def forward(self, *xs: torch.Tensor) -> tuple[torch.Tensor]:
+            for x in xs:
+                x.mul_(2)
+            return (sum(xs, torch.zeros(())),)
+
+    a, b = torch.randn(2), torch.randn(2)
+    messages = []
+    for compile_fn in SIMPLIFIED:
+        compiled = compile_fn(MutatesAll(), (a, a, b, b), nop)
+        messages.append(_message_of(compiled, a, a, b, torch.randn(2)))
+    # torch names the kept input by its position among the distinct inputs ("input 1")
+    assert messages[1] == messages[0]
+    assert "input 3 would be a duplicate of input 1," in messages[1]
+
+
+def test_distinct_inputs_called_with_a_duplicate_run_like_torch() -> None:
+    x, y = torch.randn(3), torch.randn(3)
+    outs = []
+    for compile_fn in SIMPLIFIED:
+        compiled = compile_fn(Adds(), (x, y), nop)
+        outs.append(compiled(x, x)[0])
+    torch.testing.assert_close(outs[1], outs[0])
+    torch.testing.assert_close(outs[1], x + x)
+
+
+def test_an_unmutated_duplicate_is_checked_too() -> None:
+    # torch treats an unmutated duplicate as two inputs; aotkit passes it once, so a call
+    # with distinct tensors would compute with the first one twice: it raises instead.
+    x = torch.randn(3)
+    compiled = aot_module_simplified(Adds(), (x, x), nop)
+    torch.testing.assert_close(compiled(x, x)[0], x + x)
+    message = _message_of(compiled, x, torch.randn(3))
+    assert "input 1 would be a duplicate of input 0, but at runtime" in message
+
+
+def test_duplicate_inputs_are_guarded_for_dynamo() -> None:
+    from aotkit_analysis import compute_input_layout
+    from aotkit_frontends._runtime_asserts import register_duplicate_guards
+    from torch._dynamo.source import LocalSource
+    from torch._guards import DuplicateInputs, TracingContext, tracing
+
+    x, y = torch.randn(2), torch.randn(2)
+    layout = compute_input_layout([x, y, x])
+    sources = [LocalSource("a"), LocalSource("b"), LocalSource("c")]
+    context = TracingContext(FakeTensorMode())
+    with tracing(context):
+        register_duplicate_guards(layout, sources)
+    assert context.guards_context.aotautograd_guards == [
+        DuplicateInputs(LocalSource("a"), LocalSource("c"))
+    ]
+
+
+@pytest.mark.parametrize("fake", [False, True], ids=["real", "fake"])
+def test_requires_grad_changes_raise_torchs_message_under_debug_assert(
+    fresh_graph_ids: None, fake: bool
+) -> None:
+    with torch._functorch.config.patch(debug_assert=True):
+        _check_requires_grad_messages(fake)
+
+
+def _check_requires_grad_messages(fake: bool) -> None:
+    x, y = torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)
+    z = torch.randn(3, 3)
+    example: tuple[Any, Any] = (x, z)
+    if fake:
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        example = (mode.from_tensor(x), mode.from_tensor(z))
+    messages = []
+    for compile_fn in SIMPLIFIED:
+        compiled = compile_fn(Adds(), example, nop)
+        torch.testing.assert_close(compiled(x, z)[0], x + z)
+        # requiring grad where it did not is fine the other way round
+        compiled_xy = compile_fn(Adds(), (x, y), nop)
+        torch.testing.assert_close(compiled_xy(x, z)[0], x + z)
+        messages.append(_message_of(compiled, x, y))
+    assert messages[1] == messages[0]
+    assert messages[1] == (
+        "At compilation time, graph 0 was compiled under the assumption that input 1 would "
+        "not require grad, but at runtime this was not the case.  This indicates a guard bug "
+        "in AOTAutograd or Dynamo, please file a bug to PyTorch."
+    )
+
+
+def test_requires_grad_is_checked_only_under_debug_assert() -> None:
+    assert not torch._functorch.config.debug_assert
+    x, y, z = (torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True),
+               torch.randn(3, 3))
+    grads = []
+    for compile_fn in SIMPLIFIED:
+        x.grad = y.grad = None
+        compiled = compile_fn(Adds(), (x, z), nop)
+        compiled(x, y)[0].sum().backward()  # like torch: no check, no gradient for y
+        grads.append((x.grad, y.grad))
+    assert grads[1][1] is None and grads[0][1] is None
+    torch.testing.assert_close(grads[1][0], grads[0][0])
+
+
+def test_a_fake_constant_in_the_joint_graph_raises_torchs_message() -> None:
+    mode = FakeTensorMode()
+    fake_x = mode.from_tensor(torch.randn(4, requires_grad=True))
+    fake_z = mode.from_tensor(torch.randn(4))
+    compiled: list[str] = []
+
+    def compiler(gm: torch.fx.GraphModule, example: Any) -> Any:
+        compiled.append("called")
+        return nop(gm, example)
+
+    class ClosesOverAFake(nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (x + fake_z,)
+
+    messages = [
+        _message_of(compile_fn, ClosesOverAFake(), (fake_x,), compiler)
+        for compile_fn in SIMPLIFIED
+    ]
+    assert messages[1] == messages[0]
+    assert messages[1].startswith("Unexpected fake buffer _tensor_constant0 ")
+    assert compiled == []  # raised before any graph reached a compiler

@@ -19,6 +19,9 @@ from aotkit_frontends import aot_module as aot_module
 from aotkit_frontends import aot_module_simplified as aot_module_simplified
 from aotkit_frontends import compiled_function as compiled_function
 from aotkit_frontends import compiled_module as compiled_module
+from aotkit_frontends import get_aot_compilation_context as get_aot_compilation_context
+from aotkit_frontends import get_aot_graph_name as get_aot_graph_name
+from aotkit_frontends import get_graph_being_compiled as get_graph_being_compiled
 from aotkit_frontends import mem_efficient_fusion_kwargs as mem_efficient_fusion_kwargs
 from aotkit_frontends import register_dynamo_backends as register_dynamo_backends
 from aotkit_partitioners import available_partitioners as available_partitioners
@@ -63,6 +66,9 @@ __all__ = [
     "compiled_function",
     "compiled_module",
     "default_partition",
+    "get_aot_compilation_context",
+    "get_aot_graph_name",
+    "get_graph_being_compiled",
     "get_partitioner",
     "inductor_compiler",
     "make_boxed_compiler",

@@ -8,6 +8,9 @@ from ._aot_function import compiled_function as compiled_function
 from ._aot_function import compiled_module as compiled_module
 from ._attribute_guard import TensorAttributeAssignedError as TensorAttributeAssignedError
 from ._compile import CompiledArtifacts as CompiledArtifacts
+from ._context import get_aot_compilation_context as get_aot_compilation_context
+from ._context import get_aot_graph_name as get_aot_graph_name
+from ._context import get_graph_being_compiled as get_graph_being_compiled
 from ._dynamo_backend import AotAutograd as AotAutograd
 from ._dynamo_backend import aot_autograd as aot_autograd
 from ._dynamo_backend import default_decompositions as default_decompositions
@@ -44,6 +47,9 @@ __all__ = [
     "device_from_inputs",
     "dtype_from_inputs",
     "fake_tensor_unsupported",
+    "get_aot_compilation_context",
+    "get_aot_graph_name",
+    "get_graph_being_compiled",
     "mem_efficient_fusion_kwargs",
     "register_dynamo_backends",
 ]

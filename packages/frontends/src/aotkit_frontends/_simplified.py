@@ -22,6 +22,7 @@ from collections.abc import Callable, KeysView, Sequence
 from typing import Any, cast
 
 import torch
+import torch._functorch.config as functorch_config
 import torch.fx
 import torch.nn as nn
 from aotkit_partitioners import default_partition
@@ -30,9 +31,16 @@ from torch._guards import Source, TracingContext
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils import stateless
 
-from ._aot_function import make_config
+from ._aot_function import _resolve_partitioner, make_config
 from ._compile import compile_flat
 from ._outputs import OutputLayout
+from ._runtime_asserts import (
+    Check,
+    checking_fake_constants,
+    duplicate_input_check,
+    register_duplicate_guards,
+    requires_grad_check,
+)
 
 NOT_A_SEQUENCE_MESSAGE = (
     "aot_module_simplified: the module returned a {kind}, but it must return a tuple or a "
@@ -93,6 +101,18 @@ def _has_symbolic_fake_inputs(args: Sequence[Any]) -> bool:
     return False
 
 
+def _checked(runner: Callable[[list[Any]], Any], checks: list[Check]) -> Callable[[list[Any]], Any]:
+    if not checks:
+        return runner
+
+    def checked_runner(flat: list[Any]) -> Any:
+        for check in checks:
+            check(flat)
+        return runner(flat)
+
+    return checked_runner
+
+
 def aot_module_simplified(
     mod: nn.Module,
     args: Sequence[Any],
@@ -124,7 +144,11 @@ def aot_module_simplified(
     always functionalizes).
 
     ``forward`` also exposes the module's ``zero_grad``, ``named_parameters`` and
-    ``named_buffers``.
+    ``named_buffers``. Like torch, it raises AssertionError when called with inputs that
+    break an assumption of the compilation (a duplicated input no longer duplicated;
+    under ``torch._functorch.config.debug_assert``, an input that now requires grad), and
+    when the traced joint graph holds a fake tensor constant; see Note [Runtime checks of
+    aot_module_simplified].
     """
     del compiler_config_extra, compile_region_name, cudagraphs, disable_functionalization
     if pre_grad_passes is not None and isinstance(mod, torch.fx.GraphModule):
@@ -140,7 +164,8 @@ def aot_module_simplified(
         tracing.params_flat = params_flat
     sources, static_indices = dynamo_metadata(mod, named.keys(), len(full_args))
     cfg = make_config(
-        fw_compiler, bw_compiler, partition_fn, decompositions, len(params_flat),
+        fw_compiler, bw_compiler, checking_fake_constants(_resolve_partitioner(partition_fn)),
+        decompositions, len(params_flat),
         keep_inference_input_mutations, inference_compiler,
         dynamic=not ignore_shape_env and _has_symbolic_fake_inputs(full_args),
         aot_autograd_arg_pos_to_source=sources,
@@ -156,7 +181,14 @@ def aot_module_simplified(
             raise RuntimeError(NOT_A_SEQUENCE_MESSAGE.format(kind=type(out).__name__))
         return outputs.record(out)
 
-    runner, _ = compile_flat(functional_call, full_args, cfg)
+    debug_assert = functorch_config.debug_assert
+    runner, artifacts = compile_flat(functional_call, full_args, cfg)
+    # See Note [Runtime checks of aot_module_simplified]
+    register_duplicate_guards(artifacts.layout, sources)
+    checks = [duplicate_input_check(artifacts.layout, cfg)]
+    if debug_assert and artifacts.meta.is_train:
+        checks.append(requires_grad_check(artifacts.layout, full_args, cfg))
+    runner = _checked(runner, [c for c in checks if c is not None])
 
     forward: Any  # a function carrying the module's zero_grad/named_* as attributes
     if isinstance(mod, GmWrapper):
