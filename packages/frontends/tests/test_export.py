@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 from aotkit_frontends import AOTExportError, TensorAttributeAssignedError, aot_export_module
+from aotkit_frontends._signature import ExportGraphSignature
 from aotkit_schemas import GraphSignature, graph_outputs
 from torch._functorch.aot_autograd import aot_export_module as torch_export
 
@@ -96,6 +98,19 @@ CASES = [
 ]
 
 
+def _torch_export(mod: nn.Module, args: Any, **kwargs: Any) -> tuple[torch.fx.GraphModule, Any]:
+    gm, sig = torch_export(mod, args, **kwargs)
+    assert isinstance(gm, torch.fx.GraphModule)
+    return gm, sig
+
+
+def _as_aotkit_signature(tsig: Any) -> GraphSignature:
+    """torch's GraphSignature as aotkit's, field by field (torch has no extra fields)."""
+    fields = {f.name: getattr(tsig, f.name) for f in dataclasses.fields(tsig)}
+    assert fields.pop("backward_signature") is None, "only for inference signatures"
+    return ExportGraphSignature(backward_signature=None, **fields)
+
+
 def _names_are_graph_nodes(gm: torch.fx.GraphModule, sig: GraphSignature, *, joint: bool) -> None:
     """Every name in the signature is a placeholder or output of gm, at its place."""
     inputs = [n.name for n in gm.graph.find_nodes(op="placeholder")]
@@ -144,6 +159,11 @@ def test_graph_and_signature_match_torch(case: Case, joint: bool) -> None:
     assert sig.in_spec == tsig.in_spec and sig.out_spec == tsig.out_spec
     assert sorted(sig.buffers_to_mutate.values()) == sorted(tsig.buffers_to_mutate.values())
     assert sorted(sig.user_inputs_to_mutate.values()) == sorted(tsig.user_inputs_to_mutate.values())
+    assert sig.parameters_to_mutate == tsig.parameters_to_mutate == {}
+    if not joint:
+        # torch exports its inference graph as traced; aotkit's is the same graph
+        assert gm.code == tgm.code
+        assert sig == _as_aotkit_signature(tsig)
     if joint:
         bw, tbw = sig.backward_signature, tsig.backward_signature
         assert bw is not None and tbw is not None
@@ -292,6 +312,12 @@ class AssignsAttribute(nn.Module):
         return (self.cache.sum(),)
 
 
+def _frozen_bias_update() -> Returns:
+    mod = Returns(lambda m, x: (m.lin(x).sum() + m.lin.bias.add_(1).sum(),))
+    mod.lin.bias.requires_grad_(False)
+    return mod
+
+
 ERRORS: list[tuple[str, Callable[[], object], str]] = [
     (
         "no_loss_index",
@@ -348,13 +374,21 @@ ERRORS: list[tuple[str, Callable[[], object], str]] = [
         "requires gradients and received a data mutation",
     ),
     (
-        "parameter_mutation",
+        "joint_parameter_mutation",
         lambda: aot_export_module(
-            Returns(lambda m, x: (m.lin.weight.add_(1).sum() + x.sum(),)),
-            (torch.randn(2, 3),),
-            trace_joint=False,
+            _frozen_bias_update(), (torch.randn(2, 3),), trace_joint=True, output_loss_index=0
         ),
-        "parameter lin.weight was mutated",
+        "parameter lin.bias was mutated, and trace_joint=True",
+    ),
+    (
+        "joint_grad_parameter_mutation",
+        lambda: aot_export_module(
+            Returns(lambda m, x: (m.lin(x).sum() + m.lin.weight.mul_(2).sum(),)),
+            (torch.randn(2, 3),),
+            trace_joint=True,
+            output_loss_index=0,
+        ),
+        "Found a graph input that requires gradients, and received a mutation",
     ),
     (
         "tensor_attribute_assigned",
@@ -409,16 +443,198 @@ def test_submodule_and_container_assignments_are_all_reported() -> None:
     assert mod.inner.history == [] and mod.inner.note == "kept"
 
 
-def test_tied_weights_are_rejected_as_duplicate_inputs() -> None:
-    class Tied(nn.Module):
+
+
+# ---- tied weights ------------------------------------------------------------------------
+
+
+class TiedLM(nn.Module):
+    """An Embedding and an output Linear sharing one weight (torch reaches it by two names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(7, 4)
+        self.mid = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 7, bias=False)
+        self.head.weight = self.emb.weight
+
+    def forward(self, idx: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        logits = self.head(self.mid(self.emb(idx)).tanh())
+        return nn.functional.cross_entropy(logits, target), logits.detach()
+
+
+def _tied_inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.tensor([1, 4, 6]), torch.tensor([2, 0, 5])
+
+
+def test_tied_weights_are_lifted_once_per_name_like_torch() -> None:
+    torch.manual_seed(0)
+    mod, args = TiedLM(), _tied_inputs()
+    assert len(list(mod.parameters())) == 3  # named_parameters() alone would lift it once
+    gm, sig = aot_export_module(mod, args, trace_joint=False)
+    tgm, tsig = _torch_export(mod, args, trace_joint=False)
+    assert sig.parameters == ["emb.weight", "mid.weight", "mid.bias", "head.weight"]
+    assert sig == _as_aotkit_signature(tsig)
+    assert gm.code == tgm.code
+    # each name has its own placeholder, used where that name is used
+    placeholders = {sig.inputs_to_parameters.get(n.name): n for n in gm.graph.find_nodes(op="placeholder")}
+    emb_w, head_w = placeholders["emb.weight"], placeholders["head.weight"]
+    assert emb_w is not head_w
+    assert [u.target for u in emb_w.users] == [torch.ops.aten.embedding.default]
+    assert [u.target for u in head_w.users] == [torch.ops.aten.t.default]
+    # run by hand on the real tensors: the shared weight is passed under both names
+    with torch.no_grad():
+        loss, logits = gm(*mod.parameters(), mod.head.weight, *args)
+        eager_loss, eager_logits = mod(*args)
+    torch.testing.assert_close(loss, eager_loss)
+    torch.testing.assert_close(logits, eager_logits)
+
+
+def test_tied_weights_joint_gives_one_partial_gradient_per_name() -> None:
+    torch.manual_seed(0)
+    mod, args = TiedLM(), _tied_inputs()
+    gm, sig = aot_export_module(mod, args, trace_joint=True, output_loss_index=0)
+    tgm, tsig = _torch_export(mod, args, trace_joint=True, output_loss_index=0)
+    bw, tbw = sig.backward_signature, tsig.backward_signature
+    assert bw is not None and tbw is not None
+    assert sig.parameters == tsig.parameters and sig.inputs_to_parameters == tsig.inputs_to_parameters
+    assert list(bw.gradients_to_parameters.values()) == list(tbw.gradients_to_parameters.values())
+    assert list(bw.gradients_to_parameters.values()) == [
+        "emb.weight", "mid.weight", "mid.bias", "head.weight"
+    ]
+    flat = [*(p.detach() for p in mod.parameters()), mod.head.weight.detach(), *args]
+    ours = dict(zip([n.name for n in graph_outputs(gm)], gm(*flat), strict=True))
+    theirs = dict(zip([n.name for n in graph_outputs(tgm)], tgm(*flat), strict=True))
+    grads = {fqn: ours[name] for name, fqn in bw.gradients_to_parameters.items()}
+    torch_grads = {fqn: theirs[name] for name, fqn in tbw.gradients_to_parameters.items()}
+    for fqn in grads:
+        torch.testing.assert_close(grads[fqn], torch_grads[fqn], msg=fqn)
+    mod(*args)[0].backward()
+    # the shared tensor's gradient is the sum of the gradients of its names
+    assert mod.emb.weight.grad is not None
+    torch.testing.assert_close(grads["emb.weight"] + grads["head.weight"], mod.emb.weight.grad)
+    assert not torch.allclose(grads["emb.weight"], mod.emb.weight.grad)
+    torch.testing.assert_close(grads["mid.weight"], mod.mid.weight.grad)
+    torch.testing.assert_close(ours[bw.loss_output], theirs[tbw.loss_output])
+
+
+class Multiplies(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((x * y.sin() * self.w).sum(),)
+
+
+def test_a_user_input_passed_twice_is_two_inputs_like_torch() -> None:
+    torch.manual_seed(0)
+    mod, x = Multiplies(), torch.randn(3, requires_grad=True)
+    x_plain = x.detach()
+    gm, sig = aot_export_module(mod, (x_plain, x_plain), trace_joint=False)
+    tgm, tsig = _torch_export(mod, (x_plain, x_plain), trace_joint=False)
+    assert gm.code == tgm.code
+    assert sig == _as_aotkit_signature(tsig) and len(sig.user_inputs) == 2
+
+    gm, sig = aot_export_module(mod, (x, x), trace_joint=True, output_loss_index=0)
+    _, tsig = _torch_export(mod, (x, x), trace_joint=True, output_loss_index=0)
+    bw, tbw = sig.backward_signature, tsig.backward_signature
+    assert bw is not None and tbw is not None
+    assert sig.user_inputs == tsig.user_inputs
+    assert list(bw.gradients_to_user_inputs.values()) == list(tbw.gradients_to_user_inputs.values())
+    outs = gm(mod.w.detach(), x.detach(), x.detach())
+    results = dict(zip([n.name for n in graph_outputs(gm)], outs, strict=True))
+    mod(x, x)[0].backward()
+    # one gradient per position; together they make the tensor's gradient
+    by_input = {inp: results[name] for name, inp in bw.gradients_to_user_inputs.items()}
+    first, second = sig.user_inputs
+    torch.testing.assert_close(by_input[first], (x.sin() * mod.w).detach())
+    torch.testing.assert_close(by_input[first] + by_input[second], x.grad)
+
+
+def test_mutated_repeated_inputs_are_rejected_like_torch() -> None:
+    class TiedBuffer(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.enc = nn.Linear(3, 3, bias=False)
-            self.dec = nn.Linear(3, 3, bias=False)
-            self.dec.weight = self.enc.weight
+            self.a, self.b = nn.Module(), nn.Module()
+            shared = torch.zeros(3)
+            self.a.register_buffer("count", shared)
+            self.b.register_buffer("count", shared)
 
         def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
-            return (self.dec(self.enc(x)).sum(),)
+            self.a.get_buffer("count").add_(1)
+            return (x + self.b.get_buffer("count"),)
 
-    with pytest.raises(AOTExportError, match=r"flat inputs \[0, 1\] are the same tensor"):
-        aot_export_module(Tied(), (torch.randn(2, 3),), trace_joint=True, output_loss_index=0)
+    class MutatesFirst(nn.Module):
+        def forward(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor]:
+            x.add_(1)
+            return (x * y,)
+
+    x = torch.randn(3)
+    before = x.clone()
+    for export in (aot_export_module, torch_export):
+        with pytest.raises(RuntimeError, match="Encountered duplicated inputs that are mutated"):
+            export(TiedBuffer(), (torch.randn(3),), trace_joint=False)
+        with pytest.raises(RuntimeError, match="Encountered duplicated inputs that are mutated"):
+            export(MutatesFirst(), (x, x), trace_joint=False)
+    torch.testing.assert_close(x, before)
+
+
+# ---- mutations in an inference export ----------------------------------------------------
+
+
+class UpdatesState(nn.Module):
+    """Updates a parameter (under no_grad), a buffer and a user input, and reads them."""
+
+    steps: torch.Tensor
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.scale = nn.Parameter(torch.ones(3))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: torch.Tensor, acc: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        with torch.no_grad():
+            self.scale.mul_(0.5)
+        self.steps.add_(1)
+        acc.add_(x)
+        return (self.lin(x) * self.scale + acc, self.steps * 2)
+
+
+@pytest.mark.parametrize("pre_dispatch", [False, True], ids=["aten", "pre_dispatch"])
+def test_inference_export_returns_updated_parameters_buffers_and_inputs(
+    pre_dispatch: bool,
+) -> None:
+    torch.manual_seed(0)
+    mod = UpdatesState()
+    x, acc = torch.randn(2, 3), torch.randn(2, 3)
+    gm, sig = aot_export_module(mod, (x, acc.clone()), trace_joint=False, pre_dispatch=pre_dispatch)
+    tgm, tsig = _torch_export(
+        mod, (x, acc.clone()), trace_joint=False, pre_dispatch=pre_dispatch
+    )
+    assert gm.code == tgm.code
+    assert sig == _as_aotkit_signature(tsig)
+    assert sig.parameters_to_mutate == {"mul": "scale"}
+    assert list(sig.buffers_to_mutate.values()) == ["steps"]
+    assert list(sig.user_inputs_to_mutate.values()) == ["arg5_1"]
+
+    params, buffers = dict(mod.named_parameters()), dict(mod.named_buffers())
+    inputs = {
+        **{n: params[f].detach().clone() for n, f in sig.inputs_to_parameters.items()},
+        **{n: buffers[f].clone() for n, f in sig.inputs_to_buffers.items()},
+        **dict(zip(sig.user_inputs, [x, acc.clone()], strict=True)),
+    }
+    results = dict(zip([n.name for n in graph_outputs(gm)], gm(*inputs.values()), strict=True))
+    eager_acc = acc.clone()
+    eager_out = mod(x, eager_acc)
+    for name, eager in zip(sig.user_outputs, eager_out, strict=True):
+        torch.testing.assert_close(results[name], eager.detach())
+    for name, fqn in sig.parameters_to_mutate.items():
+        torch.testing.assert_close(results[name], params[fqn].detach(), msg=fqn)
+    for name, fqn in sig.buffers_to_mutate.items():
+        torch.testing.assert_close(results[name], buffers[fqn], msg=fqn)
+    ((name, _),) = sig.user_inputs_to_mutate.items()
+    torch.testing.assert_close(results[name], eager_acc)
+    # the graph returns new values; the inputs it was given are untouched
+    torch.testing.assert_close(inputs[sig.user_inputs[1]], acc)

@@ -133,3 +133,14 @@ def test_restrictions_raise_like_torch(
         aot_export_joint_simple(fn, args, trace_joint=trace_joint)
     with pytest.raises(RuntimeError):
         torch_joint_simple(fn, args, trace_joint=trace_joint)
+
+
+def test_an_input_passed_twice_is_two_inputs_like_torch() -> None:
+    x = torch.randn(3)
+    gm = aot_export_joint_simple(lambda a, b: (a * b.cos(),), (x, x), trace_joint=False)
+    tgm = torch_joint_simple(lambda a, b: (a * b.cos(),), (x, x), trace_joint=False)
+    assert isinstance(tgm, torch.fx.GraphModule)
+    assert gm.code == tgm.code
+    assert len(gm.graph.find_nodes(op="placeholder")) == 2
+    y = torch.randn(3)
+    torch.testing.assert_close(gm(x, y)[0], x * y.cos())

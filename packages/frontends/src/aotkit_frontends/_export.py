@@ -16,7 +16,7 @@ import torch.fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 from aotkit_partitioners import default_partition
-from aotkit_schemas import GraphSignature, OutputType, ViewAndMutationMeta, graph_outputs
+from aotkit_schemas import OutputType, ViewAndMutationMeta, graph_outputs
 from torch._guards import detect_fake_mode
 from torch.nn.utils import stateless
 
@@ -24,7 +24,7 @@ from ._aot_function import make_config
 from ._attribute_guard import detect_attribute_assignment
 from ._export_trace import AOTExportError, TracedGraphs, retrace_flat, trace_for_export
 from ._outputs import OutputLayout, flatten_function
-from ._signature import build_graph_signature
+from ._signature import ExportGraphSignature, build_graph_signature
 
 NO_LOSS_INDEX_MESSAGE = (
     "aot_export_module: trace_joint=True needs the module to compute its loss: one of its "
@@ -64,8 +64,10 @@ GRAD_INPUT_MUTATION_MESSAGE = (
     "torch.no_grad() outside the exported module.\n{meta}"
 )
 PARAMETER_MUTATION_MESSAGE = (
-    "aotkit export: {name} was mutated. aotkit's GraphSignature records mutated "
-    "buffers and user inputs only; register the state as a buffer if it changes in forward."
+    "aot_export_module: {name} was mutated, and trace_joint=True. A joint graph "
+    "differentiates through the parameters, so it cannot also update one (an inference "
+    "export, trace_joint=False, can: see GraphSignature.parameters_to_mutate). Register "
+    "the state as a buffer if it changes in forward."
 )
 UNUSED_PARAMETER_MESSAGE = (
     "aot_export_module: {name} requires grad but did not receive a gradient: the loss does "
@@ -120,7 +122,7 @@ def _check_export_meta(
             raise AOTExportError(
                 GRAD_INPUT_MUTATION_MESSAGE.format(index=i, name=name(i), meta=meta.describe())
             )
-        if info.mutates_data and i < num_params:
+        if trace_joint and info.mutates_data and i < num_params:
             raise AOTExportError(PARAMETER_MUTATION_MESSAGE.format(name=name(i)))
 
 
@@ -192,7 +194,7 @@ def aot_export_module(
     pre_dispatch: bool = False,
     dynamic_shapes: bool | None = None,
     kwargs: dict[str, Any] | None = None,
-) -> tuple[torch.fx.GraphModule, GraphSignature]:
+) -> tuple[torch.fx.GraphModule, ExportGraphSignature]:
     """Trace ``mod(*args, **kwargs)`` into one functional ATen graph and its signature.
 
     Same arguments as ``torch._functorch.aot_autograd.aot_export_module``. The graph takes
@@ -204,20 +206,23 @@ def aot_export_module(
     * with ``trace_joint``, ``output_loss_index`` must name an output that is a scalar
       requiring grad, and no other output may require grad;
     * no input may have its metadata mutated (``t_``, ``resize_``, ``set_``);
-    * with ``trace_joint``, no input that requires grad may be mutated; parameters may
-      not be mutated at all;
+    * with ``trace_joint``, no input that requires grad may be mutated, and no parameter
+      (an inference graph may update parameters: ``parameters_to_mutate``);
     * a forward may not assign a tensor to a module attribute (the attribute is restored);
-    * inputs must be distinct tensors, and a mutated input may not alias another one.
+    * a mutated input may not alias another input, nor come twice.
 
-    ``pre_dispatch=True`` is not supported (aotkit traces ATen graphs after autograd).
+    A parameter or buffer reachable under several names (tied weights) is lifted once per
+    name, as torch does, and a user input passed twice is two inputs: each placeholder
+    stands for the uses at its position, so a joint graph returns one partial gradient per
+    position (their sum is the tensor's gradient).
+
+    With ``pre_dispatch=True`` (inference only) the graph is traced above autograd under
+    the caller's grad mode: it keeps CompositeImplicit ops (``aten.linear``) and grad-mode
+    changes, still functionalized, with the same calling convention and signature (See
+    Note [Pre-dispatch export]).
     """
     if pre_dispatch and trace_joint:
         raise RuntimeError("pre_dispatch is not supported when trace_joint is True.")
-    if pre_dispatch:
-        raise NotImplementedError(
-            "aot_export_module: aotkit does not trace pre-dispatch graphs; use "
-            "pre_dispatch=False for a functional ATen graph."
-        )
     if trace_joint and output_loss_index is None:
         raise AOTExportError(NO_LOSS_INDEX_MESSAGE)
     named_parameters = dict(mod.named_parameters(remove_duplicate=False))
@@ -246,14 +251,18 @@ def aot_export_module(
     def validate(meta: ViewAndMutationMeta) -> None:
         _check_export_meta(meta, trace_joint=trace_joint, num_params=len(param_names), name=name)
 
-    grad_mode = contextlib.nullcontext() if trace_joint else torch.no_grad()
+    # an inference graph is traced under no_grad, except a pre-dispatch one: it records
+    # grad-mode changes, so it sees the caller's (See Note [Pre-dispatch export])
+    grad_mode = contextlib.nullcontext() if trace_joint or pre_dispatch else torch.no_grad()
     with grad_mode, detect_attribute_assignment(mod):
-        traced = trace_for_export(flat_fn, flat_args, cfg, validate)
+        traced = trace_for_export(flat_fn, flat_args, cfg, validate, pre_dispatch=pre_dispatch)
         grad_inputs: list[int] | None = None
-        if traced.meta.is_train:
+        if pre_dispatch:
+            gm = traced.graph
+        elif traced.meta.is_train:
             gm, grad_inputs = _flat_joint_without_tangents(traced, name)
         else:
-            gm = retrace_flat(lambda *a: tuple(traced.graph(*a)), traced)
+            gm = retrace_flat(lambda *a: tuple(traced.graph(*a)), traced, inference=True)
     if trace_joint and grad_inputs is None:
         # the checks above guarantee the loss requires grad, so a joint graph was traced
         raise AssertionError("aot_export_module: expected a joint graph")
@@ -331,7 +340,7 @@ def aot_export_joint_simple(
         )
     if meta.is_train:
         return _nest_joint_outputs(traced.graph, len(outputs.graph_leaf_indices))
-    return retrace_flat(lambda *a: tuple(traced.graph(*a)), traced)
+    return retrace_flat(lambda *a: tuple(traced.graph(*a)), traced, inference=True)
 
 
 def _nest_joint_outputs(gm: torch.fx.GraphModule, num_outputs: int) -> torch.fx.GraphModule:

@@ -4,7 +4,9 @@
 
 Export hands the traced graph itself to the user, so its calling convention must be the
 user's flat inputs, one placeholder each: inputs are never deduplicated or merged into
-synthetic bases (See Note [Duplicate and aliased inputs]); such inputs are rejected.
+synthetic bases (See Note [Duplicate and aliased inputs]). A tensor passed twice becomes
+two distinct inputs (``_distinct_tensors``); a repeated or aliased input that is mutated
+is rejected.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ._capture import FlatFn, trace_inference, trace_joint
 from ._compile import _as_inference, _metadata, _output_needs_grad, _tracing_context
 from ._errors import explain_tracing_errors
+from ._export_pre_dispatch import trace_pre_dispatch
 from ._fakify import construct_fake_mode
 
 
@@ -35,13 +38,6 @@ DUPLICATED_MUTATED_INPUT_MESSAGE = (
     "Encountered duplicated inputs that are mutated in the graph you are trying to export.\n"
     "This functionality is not supported: flat inputs {indices} are the same tensor and the "
     "function mutates it. Pass distinct tensors (clone one of them) before exporting."
-)
-
-DUPLICATE_INPUT_MESSAGE = (
-    "aotkit export: flat inputs {indices} are the same tensor. Exported graphs take one "
-    "placeholder per input and cannot deduplicate them; this is usually a parameter shared "
-    "between two submodules (tied weights). Pass distinct tensors, or export a module "
-    "that owns the shared parameter once."
 )
 
 ALIASED_MUTATED_INPUT_MESSAGE = (
@@ -64,7 +60,8 @@ class TracedGraphs:
     # fake versions of the flat inputs, in the same order (no dedupe, no synthetic bases)
     fake_args: list[Any]
     # ``joint(primals, tangents) -> (*forward_returns, *input_grads)`` when ``meta.is_train``
-    # (See Note [Joint graph calling convention]), else ``inference(*args) -> forward returns``
+    # (See Note [Joint graph calling convention]), else ``inference(*args) -> forward returns``;
+    # with ``pre_dispatch``, the finished export graph (See Note [Pre-dispatch export])
     graph: torch.fx.GraphModule
     fake_mode: FakeTensorMode
     symbolic: bool
@@ -75,49 +72,87 @@ def trace_for_export(
     flat_args: Sequence[Any],
     cfg: AOTConfig,
     validate: Callable[[ViewAndMutationMeta], None] | None = None,
+    *,
+    pre_dispatch: bool = False,
 ) -> TracedGraphs:
     """Run the metadata pass, ``validate`` the metadata, then trace the graph.
 
     A training graph is traced when grad mode is on and some input requires grad and some
-    output (or visible mutation) needs it; otherwise the inference graph.
+    output (or visible mutation) needs it; otherwise the inference graph. With
+    ``pre_dispatch`` it is always an inference graph, traced above autograd (See Note
+    [Pre-dispatch export]); its placeholders are already the flat inputs.
     """
     if functorch_config.functionalize_rng_ops:
         raise AOTExportError(FUNCTIONALIZED_RNG_MESSAGE)
+    flat_args, repeated = _distinct_tensors(flat_args)
     layout = compute_input_layout(flat_args)
+    assert layout.is_trivial, "distinct inputs are never deduplicated"
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     symbolic = shape_env is not None
     with explain_tracing_errors(), _tracing_context(fake_mode, symbolic):
         meta, fake, traced_fn, _ = _metadata(flat_fn, flat_args, layout, cfg, fake_mode, shape_env)
-        if not layout.is_trivial:
-            dupes = [i for i, first in enumerate(layout.first_occurrence) if first != i]
-            indices = sorted({layout.first_occurrence[i] for i in dupes} | set(dupes))
-            dupe_mutated = any(
-                meta.input_info[ci].mutates_anything
-                for i in dupes
-                if (ci := layout.compiled_index_of_user_input(i)) is not None
-            )
-            message = DUPLICATED_MUTATED_INPUT_MESSAGE if dupe_mutated else DUPLICATE_INPUT_MESSAGE
-            raise AOTExportError(message.format(indices=indices))
+        for group in repeated:
+            if any(meta.input_info[i].mutates_anything for i in group):
+                raise AOTExportError(DUPLICATED_MUTATED_INPUT_MESSAGE.format(indices=group))
+        if meta.is_train and (pre_dispatch or not _output_needs_grad(meta)):
+            meta = _as_inference(meta, cfg.keep_inference_input_mutations)
+        if validate is not None:
+            validate(meta)
         with_bases = compute_input_layout(
             flat_args, lambda i: meta.input_info[i].mutates_anything
         )
         if not with_bases.is_trivial:
             members = sorted(m.user_index for g in with_bases.synthetic_bases for m in g.members)
             raise AOTExportError(ALIASED_MUTATED_INPUT_MESSAGE.format(indices=members))
-        if meta.is_train and not _output_needs_grad(meta):
-            meta = _as_inference(meta, cfg.keep_inference_input_mutations)
-        if validate is not None:
-            validate(meta)
-        if meta.is_train:
+        if pre_dispatch:
+            graph = trace_pre_dispatch(traced_fn, fake, meta, cfg.decompositions)
+        elif meta.is_train:
             graph, _ = trace_joint(traced_fn, fake, meta, cfg.decompositions)
         else:
             graph = trace_inference(traced_fn, fake, meta, cfg.decompositions)
     return TracedGraphs(meta, fake, graph, fake_mode, symbolic)
 
 
-def retrace_flat(fn: Callable[..., Any], traced: TracedGraphs) -> torch.fx.GraphModule:
+def _distinct_tensors(flat_args: Sequence[Any]) -> tuple[list[Any], list[list[int]]]:
+    """The flat inputs with every tensor a distinct object, and the groups of positions
+    that held the same tensor.
+
+    An exported graph takes one placeholder per flat input, and a tensor may come twice:
+    a parameter or buffer reachable under two names (tied weights), or an input passed
+    twice. Each repeat is replaced by a new tensor on the same memory (a detached alias
+    with the same ``requires_grad``), so tracing sees distinct inputs and each position
+    keeps its own placeholder and gradient, as in torch's export. Such an input may not be
+    mutated.
+    """
+    first: dict[int, int] = {}
+    groups: dict[int, list[int]] = {}
+    distinct: list[Any] = []
+    for i, a in enumerate(flat_args):
+        if isinstance(a, torch.Tensor):
+            j = first.setdefault(id(a), i)
+            if j != i:
+                groups.setdefault(j, [j]).append(i)
+                a = a.detach().requires_grad_(a.requires_grad)
+        distinct.append(a)
+    return distinct, list(groups.values())
+
+
+def retrace_flat(
+    fn: Callable[..., Any], traced: TracedGraphs, *, inference: bool = False
+) -> torch.fx.GraphModule:
     """Trace ``fn(*fake_args)`` (a function that calls ``traced.graph``) into a new graph
-    whose placeholders are the flat inputs, one each, named ``arg0_1, arg1_1, ...``."""
+    whose placeholders are the flat inputs, one each, named ``arg0_1, arg1_1, ...``.
+
+    torch exports its inference graph as traced, so for an ``inference`` graph the re-trace
+    only renames the placeholders: nothing is decomposed again (make_fx's default table
+    would turn ``detach`` into ``alias``) and values nothing uses (a view of a mutated input
+    that functionalization regenerated, for one) are dropped. torch re-traces its joint
+    graph with make_fx's defaults and keeps such values; so does the joint re-trace here.
+    """
+    table: dict[Any, Callable[..., Any]] | None = {} if inference else None
     with explain_tracing_errors(), _tracing_context(traced.fake_mode, traced.symbolic):
-        gm: torch.fx.GraphModule = make_fx(fn)(*traced.fake_args)
+        gm: torch.fx.GraphModule = make_fx(fn, decomposition_table=table)(*traced.fake_args)
+    if inference:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
     return gm

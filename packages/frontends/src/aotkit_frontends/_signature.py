@@ -6,8 +6,10 @@
 # and returns
 #     (*updated inputs, *flat user outputs[, *parameter grads, *user input grads])
 # * updated inputs: the new value of every input with a data mutation, in input order
-#   (buffers before user inputs, since inputs are ordered that way); the caller copies them
-#   back. Metadata mutations are banned in export.
+#   (parameters, then buffers, then user inputs, since inputs are ordered that way); the
+#   caller copies them back. Metadata mutations are banned in export, and so are parameter
+#   mutations in a joint graph; an inference graph may update a parameter (torch's
+#   ``parameters_to_mutate``).
 # * the gradients exist only in joint graphs: one per parameter that requires grad, then
 #   one per user input that requires grad, in input order. There is no tangent input: the
 #   backward starts from the scalar loss with a gradient of one.
@@ -18,11 +20,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx
 from aotkit_schemas import BackwardSignature, GraphSignature, ViewAndMutationMeta, graph_outputs
+
+
+@dataclass(frozen=True)
+class ExportGraphSignature(GraphSignature):
+    """``GraphSignature`` plus torch's ``parameters_to_mutate``: graph output name -> FQN of
+    a parameter the (inference) graph updates. Kept here until aotkit_schemas'
+    GraphSignature has the field."""
+
+    parameters_to_mutate: dict[str, str] = field(default_factory=dict)
 
 
 def graph_input_names(gm: torch.fx.GraphModule) -> list[str]:
@@ -49,7 +61,7 @@ def build_graph_signature(
     num_user_outputs: int,
     grad_inputs: Sequence[int] | None,
     loss_index: int | None,
-) -> GraphSignature:
+) -> ExportGraphSignature:
     """The signature of a graph that follows Note [Exported graph calling convention].
 
     ``grad_inputs`` lists, for a joint graph, the flat input indices that receive a
@@ -65,12 +77,15 @@ def build_graph_signature(
 
     mutated = meta.mutated_inp_runtime_indices
     n_mut = len(mutated)
+    parameters_to_mutate: dict[str, str] = {}
     buffers_to_mutate: dict[str, str] = {}
     user_inputs_to_mutate: dict[str, str] = {}
     for out_name, idx in zip(outputs[:n_mut], mutated, strict=True):
         if idx < n_params:
-            raise AssertionError("parameter mutations are rejected before the signature")
-        if idx < n_pb:
+            if grad_inputs is not None:
+                raise AssertionError("joint export rejects parameter mutations before this")
+            parameters_to_mutate[out_name] = fqns[idx]
+        elif idx < n_pb:
             buffers_to_mutate[out_name] = fqns[idx]
         else:
             user_inputs_to_mutate[out_name] = inputs[idx]
@@ -101,7 +116,7 @@ def build_graph_signature(
         f"exported graph returns {len(outputs)} values, expected {n_mut} updated inputs + "
         f"{num_user_outputs} user outputs + {n_grads} gradients"
     )
-    return GraphSignature(
+    return ExportGraphSignature(
         parameters=list(param_names),
         buffers=list(buffer_names),
         user_inputs=user_inputs,
@@ -115,4 +130,5 @@ def build_graph_signature(
         backward_signature=backward,
         input_tokens=[],
         output_tokens=[],
+        parameters_to_mutate=parameters_to_mutate,
     )
