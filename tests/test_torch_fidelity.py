@@ -272,10 +272,6 @@ def test_backward_metadata_mutation_messages_are_torchs(fn: Any, make_args: Any)
     assert str(err.value) in (BACKWARD_INPUT_METADATA_MUTATION, BACKWARD_TANGENT_METADATA_MUTATION)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs check_backward_mutations called in _capture.trace_joint after the backward",
-)
 @pytest.mark.parametrize(("fn", "make_args"), _BACKWARD_MUTATION_CASES)
 def test_backward_metadata_mutation_raises_like_torch(fn: Any, make_args: Any) -> None:
     with pytest.raises(AssertionError) as theirs:

@@ -34,6 +34,7 @@ from aotkit_schemas import (
     OutputType,
     ViewAndMutationMeta,
 )
+from torch._subclasses.fake_tensor import FakeTensor
 
 
 def _is_custom_function_output(t: torch.Tensor) -> bool:
@@ -109,7 +110,8 @@ def collect_metadata(
             if eager_leaf_checks and isinstance(a, torch.Tensor) and a.is_leaf and a.requires_grad
         ]
         # See Note [In-place errors eager raises and functionalization hides]
-        with EagerInplaceChecks(leaves):
+        checks = EagerInplaceChecks(leaves)
+        with checks:
             f_outs = list(flat_fn(*f_args))
         grad_after = torch.is_grad_enabled()
         # Everything below stays inside the mode: reading ``grad_fn`` of a view whose base
@@ -163,8 +165,15 @@ def collect_metadata(
         is_train=is_train,
         grad_enabled_mutation=grad_enabled_mutation,
         static_input_indices=tuple(static_input_indices),
+        native_functionalization_ok=checks.native_functionalization_ok
+        and all(type(a) in _NATIVE_INPUT_TYPES for a in flat_args if isinstance(a, torch.Tensor)),
     )
     return meta, fw_outs
+
+
+# plain (fake) tensors; subclasses go through the Python mode (Note [Native
+# functionalization] in aotkit_functional)
+_NATIVE_INPUT_TYPES = (FakeTensor, torch.Tensor, torch.nn.Parameter)
 
 
 def _twin_requiring_grad(o: torch.Tensor, f_outs: Sequence[Any]) -> torch.Tensor | None:

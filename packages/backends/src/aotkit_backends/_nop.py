@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch.fx
-
 from aotkit_schemas import mark_unboxed_entry
 
 from ._boxing import BoxedCallable, make_boxed_func

@@ -9,14 +9,26 @@ convention]) or, for MUTATED_IN_GRAPH inputs, copied back into the placeholder.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 import torch.fx
-from aotkit_functional import from_functional, functionalized, to_functional
+from aotkit_functional import (
+    from_functional,
+    from_native_functional,
+    functionalized,
+    natively_functionalized,
+    needs_python_functionalization,
+    to_functional,
+    to_native_functional,
+)
 from aotkit_schemas import DecompositionTable, MutationType, OutputType, ViewAndMutationMeta
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
+
+from ._backward_mutations import check_backward_mutations
 
 FlatFn = Callable[..., Sequence[Any]]
 
@@ -99,18 +111,57 @@ def trace_joint(
     fake_args: Sequence[Any],
     meta: ViewAndMutationMeta,
     decompositions: DecompositionTable,
+    *,
+    native: bool = False,
 ) -> tuple[torch.fx.GraphModule, list[Any]]:
     """Trace ``joint(primals, tangents) -> (*forward_returns, *input_grads)``.
 
     See Note [Joint graph calling convention]. Returns the graph and its example inputs
-    ``[primals, tangents]``.
+    ``[primals, tangents]``. With ``native``, the trace functionalizes with the C++ key
+    (See Note [Native functionalization]) and falls back to torch's Python mode when that
+    fails or leaves an op the Python mode would have rewritten.
     """
+    if native:
+        try:
+            traced = _trace_joint(flat_fn, fake_args, meta, decompositions, native=True)
+        except Exception:  # the Python mode traces it or raises the user-facing error
+            pass
+        else:
+            if not any(_needs_python_mode(n) for n in traced[0].graph.nodes):
+                return traced
+    return _trace_joint(flat_fn, fake_args, meta, decompositions, native=False)
+
+
+def _needs_python_mode(node: torch.fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return not _is_getitem(target)
+    return target._schema.is_mutable or needs_python_functionalization(target)
+
+
+def _is_getitem(target: Any) -> bool:
+    return target is operator.getitem
+
+
+def _trace_joint(
+    flat_fn: FlatFn,
+    fake_args: Sequence[Any],
+    meta: ViewAndMutationMeta,
+    decompositions: DecompositionTable,
+    *,
+    native: bool,
+) -> tuple[torch.fx.GraphModule, list[Any]]:
     tangent_positions = meta.tangent_indices
+    wrap = to_native_functional if native else to_functional
+    unwrap = from_native_functional if native else from_functional
 
     def joint(primals: list[Any], tangents: list[Any]) -> list[Any]:
-        with functionalized(keep_input_mutations=False):
-            f_primals = [to_functional(p) for p in primals]
-            f_tangents = [to_functional(t) for t in tangents]
+        ctx = natively_functionalized() if native else functionalized(keep_input_mutations=False)
+        with ctx:
+            f_primals = [wrap(p) for p in primals]
+            f_tangents = [wrap(t) for t in tangents]
             with torch.enable_grad():
                 returns, _ = _forward_returns(flat_fn, f_primals, meta, for_autograd=True)
                 diff_inputs = [
@@ -129,14 +180,18 @@ def trace_joint(
                     stale_tangents.update(failed)
                     for (i, _), g in zip(diff_inputs, computed, strict=True):
                         grads[i] = g
-            plain_returns = [from_functional(r) for r in returns]
-            plain_grads = [from_functional(g) if g is not None else None for g in grads]
+            # See Note [Metadata mutations in the backward]
+            check_backward_mutations(primals, f_primals, tangents, f_tangents, meta)
+            plain_returns = [unwrap(r) for r in returns]
+            plain_grads = [unwrap(g) if g is not None else None for g in grads]
         return [*plain_returns, *plain_grads]
 
     stale_tangents: dict[int, str] = {}
     primals = list(fake_args)
     tangents = list(meta.traced_tangents)
-    with torch.autograd.set_multithreading_enabled(False):
+    # The joint is read as a graph (partitioned), never run: its Python code is generated
+    # only if someone asks for it (``gm.code``, a call).
+    with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
         gm = make_fx(joint, decomposition_table=decompositions)(primals, tangents)
     # See Note [Backward paths through stale saved values]
     gm.meta[STALE_TANGENTS_KEY] = stale_tangents

@@ -40,6 +40,7 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
 from ._capture import STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
+from ._context import track_graph_compiling
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._guards import ShapeGuard
@@ -240,7 +241,8 @@ def _compile_inference(
     gm = trace_inference(traced_fn, fake, meta, cfg.decompositions)
     artifacts.inference_module = gm
     compiler = cfg.inference_compiler or cfg.fw_compiler
-    raw = compiler(gm, fake)
+    with track_graph_compiling(cfg, "inference"):
+        raw = compiler(gm, fake)
     compiled = as_list_caller(raw)
     if is_boxed(raw):
         # A boxed graph may clear the list it gets (Note [Boxed calling convention]); the
@@ -356,22 +358,26 @@ def _compile_training(
     cfg: AOTConfig,
     artifacts: CompiledArtifacts,
 ) -> Callable[[list[Any]], Sequence[Any]]:
-    joint, joint_inputs = trace_joint(traced_fn, fake, meta, cfg.decompositions)
+    native = _native_functionalization(meta, cfg, artifacts.layout)
+    joint, joint_inputs = trace_joint(traced_fn, fake, meta, cfg.decompositions, native=native)
     _mark_runtime_mutated_primals(joint, meta)
     artifacts.joint_module = joint
     n_fwd = meta.num_forward_returns
-    fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
+    with track_graph_compiling(cfg, "joint"):
+        fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
-    compiled_fw = cfg.fw_compiler(fw_module, fake)
-    bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
+    with track_graph_compiling(cfg, "forward"):
+        compiled_fw = cfg.fw_compiler(fw_module, fake)
+    with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
+        bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode(fake) or FakeTensorMode()
     symbolic = fake_mode.shape_env is not None
 
     def compile_backward() -> Callable[..., Any]:
         # Like torch, the backward is compiled at the first backward call, under the
         # forward's fake mode; the autograd.Function caches the result.
-        with _tracing_context(fake_mode, symbolic):
+        with _tracing_context(fake_mode, symbolic), track_graph_compiling(cfg, "backward"):
             compiled: Callable[..., Any] = cfg.bw_compiler(bw_module, bw_example)
         return compiled
 
@@ -389,6 +395,26 @@ def _compile_training(
     )
     run = make_autograd_function(compiled_fw, compile_backward, plan)
     return run
+
+
+def _native_functionalization(meta: ViewAndMutationMeta, cfg: AOTConfig, layout: InputLayout) -> bool:
+    """Whether the joint is traced with the C++ Functionalize key (See Note [Native
+    functionalization] in aotkit_functional).
+
+    Only for programs without input mutations, aliased outputs or aliased inputs: there
+    the joint is op for op the one torch's Python mode traces (minus no-op detach nodes).
+    Mutation and aliasing programs, and exports, keep torch's exact graph text (view
+    replay numbers its nodes differently on the native path).
+    """
+    return (
+        meta.native_functionalization_ok
+        and not cfg.is_export
+        and layout.is_trivial
+        and not meta.mutated_inp_runtime_indices
+        and not meta.mutated_inp_in_graph_indices
+        and meta.num_intermediate_bases == 0
+        and all(o.output_type is OutputType.non_alias for o in meta.output_info)
+    )
 
 
 def _static_tangent_like(

@@ -3,9 +3,13 @@
 from ._alias_regeneration import as_plain_tensor as as_plain_tensor
 from ._alias_regeneration import regenerate_alias as regenerate_alias
 from ._eager_checks import EagerInplaceChecks as EagerInplaceChecks
+from ._eager_checks import (
+    needs_python_functionalization as needs_python_functionalization,
+)
 from ._graph_checks import assert_functional_graph as assert_functional_graph
 from ._graph_checks import mutable_ops_in_graph as mutable_ops_in_graph
 from ._wrap import from_functional as from_functional
+from ._wrap import from_native_functional as from_native_functional
 from ._wrap import functionalized as functionalized
 from ._wrap import has_data_mutation as has_data_mutation
 from ._wrap import has_metadata_mutation as has_metadata_mutation
@@ -16,15 +20,18 @@ from ._wrap import mutations_hidden_from_autograd as mutations_hidden_from_autog
 from ._wrap import (
     mutations_under_no_grad_or_inference_mode as mutations_under_no_grad_or_inference_mode,
 )
+from ._wrap import natively_functionalized as natively_functionalized
 from ._wrap import storage_ref as storage_ref
 from ._wrap import storage_was_changed as storage_was_changed
 from ._wrap import to_functional as to_functional
+from ._wrap import to_native_functional as to_native_functional
 
 __all__ = [
     "EagerInplaceChecks",
     "as_plain_tensor",
     "assert_functional_graph",
     "from_functional",
+    "from_native_functional",
     "functionalized",
     "has_data_mutation",
     "has_metadata_mutation",
@@ -34,8 +41,11 @@ __all__ = [
     "mutable_ops_in_graph",
     "mutations_hidden_from_autograd",
     "mutations_under_no_grad_or_inference_mode",
+    "natively_functionalized",
+    "needs_python_functionalization",
     "regenerate_alias",
     "storage_ref",
     "storage_was_changed",
     "to_functional",
+    "to_native_functional",
 ]

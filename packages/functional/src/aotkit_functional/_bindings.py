@@ -42,3 +42,10 @@ def view_func(t: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     # getattr: _view_func is missing from torch's stubs
     fn: Callable[[torch.Tensor], torch.Tensor] = getattr(t, "_view_func")  # noqa: B009
     return fn
+wrap_functional: Callable[[torch.Tensor], torch.Tensor] = _binding("_to_functional_tensor")
+is_functional_wrapper: Callable[[torch.Tensor], bool] = _binding("_is_functional_tensor")
+mirror_autograd_meta: Callable[[torch.Tensor, torch.Tensor], None] = _binding(
+    "_mirror_autograd_meta_to"
+)
+enable_functionalization: Callable[..., None] = _binding("_enable_functionalization")
+disable_functionalization: Callable[[], None] = _binding("_disable_functionalization")

@@ -65,6 +65,19 @@ def _written_tensors(
             yield value
 
 
+_NATIVE_NAMESPACES = frozenset({"aten", "prims"})
+
+
+def needs_python_functionalization(func: Any) -> bool:
+    """Whether torch's Python FunctionalTensorMode treats ``func`` differently from the
+    C++ Functionalize key. See Note [Native functionalization]."""
+    if not isinstance(func, torch._ops.OpOverload) or func.namespace not in _NATIVE_NAMESPACES:
+        return True  # custom ops (auto_functionalize, effects), HOPs, TorchBind
+    # the Python mode decomposes these with their Python kernel (e.g. native_batch_norm,
+    # whose schema hides that it writes the running stats)
+    return torch._C.DispatchKey.CompositeImplicitAutograd in func.py_kernels
+
+
 def _has_internal_overlap(t: torch.Tensor) -> bool:
     """Eager's ``has_internal_overlap(t) == MemOverlap::Yes``: a dimension of size > 1
     with stride 0."""
@@ -82,6 +95,8 @@ class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
     def __init__(self, leaf_inputs: Iterable[torch.Tensor]) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._leaf_ids = {id(t) for t in leaf_inputs}
+        # See Note [Native functionalization]: False once an op needs the Python mode
+        self.native_functionalization_ok = True
 
     def __torch_dispatch__(
         self,
@@ -91,6 +106,8 @@ class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if self.native_functionalization_ok and needs_python_functionalization(func):
+            self.native_functionalization_ok = False
         if func._schema.is_mutable:
             name = func._schema.name.split("::")[-1]
             for t in _written_tensors(func, args, kwargs):

@@ -14,8 +14,8 @@ from ._protocols import Partitioner as Partitioner
 from ._protocols import PartitionResult as PartitionResult
 from ._protocols import graph_outputs as graph_outputs
 from ._protocols import is_boxed as is_boxed
-from ._protocols import mark_unboxed_entry as mark_unboxed_entry
 from ._protocols import is_sym_node as is_sym_node
+from ._protocols import mark_unboxed_entry as mark_unboxed_entry
 from ._protocols import output_node as output_node
 from ._protocols import unboxed_entry as unboxed_entry
 from ._signatures import FQN as FQN

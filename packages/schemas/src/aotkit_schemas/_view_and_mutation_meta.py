@@ -59,6 +59,9 @@ class ViewAndMutationMeta:
     # When the function changes grad mode and leaves it changed, the mode to set afterwards.
     grad_enabled_mutation: bool | None = None
     static_input_indices: Sequence[int] = ()
+    # True when every op of the metadata pass can be functionalized by the C++ key alone
+    # (See Note [Native functionalization] in aotkit_functional)
+    native_functionalization_ok: bool = False
 
     # ---- derived, filled in __post_init__ ----
     # indices of inputs whose mutation is applied by the runtime epilogue

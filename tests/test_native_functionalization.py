@@ -1,0 +1,150 @@
+"""The joint graph traced with the C++ Functionalize key computes what torch's Python mode
+gives. See Note [Native functionalization] in aotkit_functional.
+
+Every training program of the corpus is compiled twice, once as aotkit chooses (the native
+path where the metadata pass allows it) and once with the Python FunctionalTensorMode
+forced; the joint graphs must be the same op for op, except for the ``aten.detach`` nodes
+the Python mode records where autograd saves an output (no-ops, which the native path does
+not record). The native path must really be taken for many programs. Values are compared by
+the corpus itself (tests/test_corpus.py), which runs with the native path on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import aotkit
+import aotkit_frontends._compile as compile_module
+import pytest
+import torch
+import torch.nn as nn
+from _harness import MODEL_SEED, make_call
+from corpus import Case, all_cases
+
+TRAINING_CASES = [
+    c for c in all_cases() if c.grad_enabled and not c.eager_raises and c.aotkit_bug is None
+]
+
+
+@contextlib.contextmanager
+def _python_mode_only() -> Iterator[None]:
+    original = compile_module.trace_joint
+
+    def forced(*args: Any, native: bool, **kwargs: Any) -> Any:
+        return original(*args, native=False, **kwargs)
+
+    compile_module.trace_joint = forced  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        compile_module.trace_joint = original
+
+
+def _ops_modulo_detach(gm: torch.fx.GraphModule) -> list[tuple[Any, ...]]:
+    """The graph's live nodes in order, with every detach replaced by what it detaches
+    and keyword arguments that are None left out."""
+    graph = torch.fx.Graph()
+    output = graph.graph_copy(gm.graph, {})
+    graph.output(output)
+    # autograd's view replay can leave a dead view whose input differs between the paths
+    graph.eliminate_dead_code()
+    # live nodes are named by target and rank among live nodes of that target: the paths
+    # may leave different dead nodes, which shifts make_fx's name counters
+    root: dict[str, str] = {}
+    seen: Counter[str] = Counter()
+    ops: list[tuple[Any, ...]] = []
+
+    def name(a: Any) -> Any:
+        return root.get(a.name, a.name) if isinstance(a, torch.fx.Node) else a
+
+    for n in graph.nodes:
+        if n.target is torch.ops.aten.detach.default:
+            root[n.name] = name(n.args[0])
+            continue
+        args = torch.fx.node.map_aggregate(n.args, name)
+        # the native path spells out optional kwargs left at None (attn_mask=None)
+        kwargs = {k: name(v) for k, v in n.kwargs.items() if v is not None}
+        if n.op == "call_function":
+            seen[str(n.target)] += 1
+            root[n.name] = f"{n.target}#{seen[str(n.target)]}"
+        ops.append((n.op, name(n), str(n.target), args, kwargs))
+    return ops
+
+
+def _joint_code(case: Case) -> tuple[list[tuple[Any, ...]] | None, bool]:
+    """The first training joint graph of the case's first call, and whether its metadata
+    allowed the native path (None: nothing was traced for training)."""
+    joints: list[list[tuple[Any, ...]]] = []
+
+    def recording_partition(joint: torch.fx.GraphModule, inputs: Any, **kw: Any) -> Any:
+        joints.append(_ops_modulo_detach(joint))
+        return aotkit.default_partition(joint, inputs, **kw)
+
+    torch.manual_seed(MODEL_SEED)
+    if case.module:
+        compiled: Any = aotkit.aot_module(case.program(), aotkit.nop, partition_fn=recording_partition)
+    else:
+        compiled = aotkit.aot_function(case.program, aotkit.nop, partition_fn=recording_partition)
+    call = make_call(case, 0)
+    try:
+        # restores grad mode afterwards (some programs leave it disabled)
+        with torch.enable_grad():
+            compiled(*call.args, **call.kwargs)
+    except Exception:
+        return None, False
+    trained = [a for a in _cache(compiled).artifacts if a.joint_module is not None]
+    if not joints or not trained:
+        return None, False
+    return joints[0], bool(trained[0].meta.native_functionalization_ok)
+
+
+def _cache(compiled: Any) -> Any:
+    function = compiled._compiled if isinstance(compiled, nn.Module) else compiled
+    return function._aotkit_cache
+
+
+def test_native_joint_graphs_match_the_python_mode() -> None:
+    compared = 0
+    for case in TRAINING_CASES:
+        code, native = _joint_code(case)
+        if code is None or not native:
+            continue
+        with _python_mode_only():
+            reference, _ = _joint_code(case)
+        assert code == reference, f"{case.name}: native and Python-mode joint graphs differ"
+        compared += 1
+    assert compared >= 25, compared
+
+
+def test_batch_norm_in_training_takes_the_python_mode() -> None:
+    # native_batch_norm hides its running-stat writes from its schema; only the Python
+    # mode's decomposition functionalizes them
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    compiled = aotkit.aot_module(model, aotkit.nop)
+    compiled(torch.randn(2, 3, 6, 6)).sum().backward()
+    (art,) = _cache(compiled).artifacts
+    assert not art.meta.native_functionalization_ok
+    assert art.joint_module is not None
+    targets = {n.target for n in art.joint_module.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten._native_batch_norm_legit_functional.default in targets
+    assert torch.ops.aten.native_batch_norm.default not in targets
+
+
+def test_mlp_takes_the_native_path() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2))
+    compiled = aotkit.aot_module(model, aotkit.nop)
+    compiled(torch.randn(4, 8)).sum().backward()
+    (art,) = _cache(compiled).artifacts
+    assert art.meta.native_functionalization_ok
+
+
+@pytest.mark.parametrize("op", ["native_batch_norm", "upsample_nearest2d"])
+def test_ops_the_python_mode_rewrites_are_recognised(op: str) -> None:
+    from aotkit_functional import needs_python_functionalization
+
+    overload = getattr(torch.ops.aten, op).default
+    assert needs_python_functionalization(overload)
+    assert not needs_python_functionalization(torch.ops.aten.mm.default)
