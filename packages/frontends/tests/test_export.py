@@ -12,7 +12,6 @@ import torch
 import torch.fx
 import torch.nn as nn
 from aotkit_frontends import AOTExportError, TensorAttributeAssignedError, aot_export_module
-from aotkit_frontends._signature import ExportGraphSignature
 from aotkit_schemas import GraphSignature, graph_outputs
 from torch._functorch.aot_autograd import aot_export_module as torch_export
 
@@ -108,7 +107,7 @@ def _as_aotkit_signature(tsig: Any) -> GraphSignature:
     """torch's GraphSignature as aotkit's, field by field (torch has no extra fields)."""
     fields = {f.name: getattr(tsig, f.name) for f in dataclasses.fields(tsig)}
     assert fields.pop("backward_signature") is None, "only for inference signatures"
-    return ExportGraphSignature(backward_signature=None, **fields)
+    return GraphSignature(backward_signature=None, **fields)
 
 
 def _names_are_graph_nodes(gm: torch.fx.GraphModule, sig: GraphSignature, *, joint: bool) -> None:

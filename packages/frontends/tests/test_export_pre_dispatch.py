@@ -21,9 +21,8 @@ import torch.fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 from aotkit_frontends import aot_export_module
-from aotkit_frontends._signature import ExportGraphSignature
 from aotkit_functional import mutable_ops_in_graph
-from aotkit_schemas import graph_outputs
+from aotkit_schemas import GraphSignature, graph_outputs
 from torch._functorch.aot_autograd import aot_export_module as torch_export
 
 
@@ -222,11 +221,11 @@ def _case(name: str) -> Case:
     return next(c for c in CASES if c.name == name)
 
 
-def _as_aotkit_signature(tsig: Any) -> ExportGraphSignature:
+def _as_aotkit_signature(tsig: Any) -> GraphSignature:
     """torch's (inference) GraphSignature as aotkit's, field by field."""
     fields = {f.name: getattr(tsig, f.name) for f in dataclasses.fields(tsig)}
     assert fields.pop("backward_signature") is None
-    return ExportGraphSignature(backward_signature=None, **fields)
+    return GraphSignature(backward_signature=None, **fields)
 
 
 @contextlib.contextmanager
@@ -238,7 +237,7 @@ def _keeps_grad_mode() -> Iterator[None]:
 
 def _export_both(
     case: Case, *, grad: bool
-) -> tuple[torch.fx.GraphModule, ExportGraphSignature, Any, Any, nn.Module]:
+) -> tuple[torch.fx.GraphModule, GraphSignature, Any, Any, nn.Module]:
     torch.manual_seed(0)
     mod = case.module()
     with torch.set_grad_enabled(grad):

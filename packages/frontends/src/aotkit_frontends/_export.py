@@ -16,7 +16,7 @@ import torch.fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
 from aotkit_partitioners import default_partition
-from aotkit_schemas import OutputType, ViewAndMutationMeta, graph_outputs
+from aotkit_schemas import GraphSignature, OutputType, ViewAndMutationMeta, graph_outputs
 from torch._guards import detect_fake_mode
 from torch.nn.utils import stateless
 
@@ -24,7 +24,7 @@ from ._aot_function import make_config
 from ._attribute_guard import detect_attribute_assignment
 from ._export_trace import AOTExportError, TracedGraphs, retrace_flat, trace_for_export
 from ._outputs import OutputLayout, flatten_function
-from ._signature import ExportGraphSignature, build_graph_signature
+from ._signature import build_graph_signature
 
 NO_LOSS_INDEX_MESSAGE = (
     "aot_export_module: trace_joint=True needs the module to compute its loss: one of its "
@@ -194,7 +194,7 @@ def aot_export_module(
     pre_dispatch: bool = False,
     dynamic_shapes: bool | None = None,
     kwargs: dict[str, Any] | None = None,
-) -> tuple[torch.fx.GraphModule, ExportGraphSignature]:
+) -> tuple[torch.fx.GraphModule, GraphSignature]:
     """Trace ``mod(*args, **kwargs)`` into one functional ATen graph and its signature.
 
     Same arguments as ``torch._functorch.aot_autograd.aot_export_module``. The graph takes

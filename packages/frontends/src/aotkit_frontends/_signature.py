@@ -20,21 +20,11 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.fx
 from aotkit_schemas import BackwardSignature, GraphSignature, ViewAndMutationMeta, graph_outputs
-
-
-@dataclass(frozen=True)
-class ExportGraphSignature(GraphSignature):
-    """``GraphSignature`` plus torch's ``parameters_to_mutate``: graph output name -> FQN of
-    a parameter the (inference) graph updates. Kept here until aotkit_schemas'
-    GraphSignature has the field."""
-
-    parameters_to_mutate: dict[str, str] = field(default_factory=dict)
 
 
 def graph_input_names(gm: torch.fx.GraphModule) -> list[str]:
@@ -61,7 +51,7 @@ def build_graph_signature(
     num_user_outputs: int,
     grad_inputs: Sequence[int] | None,
     loss_index: int | None,
-) -> ExportGraphSignature:
+) -> GraphSignature:
     """The signature of a graph that follows Note [Exported graph calling convention].
 
     ``grad_inputs`` lists, for a joint graph, the flat input indices that receive a
@@ -116,7 +106,7 @@ def build_graph_signature(
         f"exported graph returns {len(outputs)} values, expected {n_mut} updated inputs + "
         f"{num_user_outputs} user outputs + {n_grads} gradients"
     )
-    return ExportGraphSignature(
+    return GraphSignature(
         parameters=list(param_names),
         buffers=list(buffer_names),
         user_inputs=user_inputs,
@@ -124,11 +114,11 @@ def build_graph_signature(
         inputs_to_parameters=dict(zip(inputs[:n_params], param_names, strict=True)),
         inputs_to_buffers=dict(zip(inputs[n_params:n_pb], buffer_names, strict=True)),
         buffers_to_mutate=buffers_to_mutate,
+        parameters_to_mutate=parameters_to_mutate,
         user_inputs_to_mutate=user_inputs_to_mutate,
         in_spec=in_spec,
         out_spec=out_spec,
         backward_signature=backward,
         input_tokens=[],
         output_tokens=[],
-        parameters_to_mutate=parameters_to_mutate,
     )

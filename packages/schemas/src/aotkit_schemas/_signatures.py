@@ -29,7 +29,10 @@ class GraphSignature:
     """The calling convention of an exported graph, by input and output name.
 
     Inputs are ``(*parameters, *buffers, *user_inputs)``; outputs are
-    ``(*mutated buffers, *mutated user inputs, *user outputs[, *param grads, *input grads])``.
+    ``(*updated inputs, *user outputs[, *param grads, *input grads])``, the updated inputs
+    in input order (parameters, buffers, user inputs). Field order matches torch's
+    GraphSignature, so the reprs list fields alike. ``parameters_to_mutate`` is only
+    non-empty for inference graphs (joint export rejects parameter mutations).
     """
 
     parameters: list[FQN]
@@ -39,6 +42,7 @@ class GraphSignature:
     inputs_to_parameters: dict[GraphInputName, FQN]
     inputs_to_buffers: dict[GraphInputName, FQN]
     buffers_to_mutate: dict[GraphOutputName, FQN]
+    parameters_to_mutate: dict[GraphOutputName, FQN]
     user_inputs_to_mutate: dict[GraphOutputName, GraphInputName]
     in_spec: Any
     out_spec: Any
