@@ -160,7 +160,7 @@ def test_forward_follows_torchs_calling_convention_and_exposes_module_methods() 
 
 
 def test_non_sequence_output_is_a_clear_error() -> None:
-    with pytest.raises(RuntimeError, match="must return a tuple or a list"):
+    with pytest.raises(RuntimeError, match="returned a Tensor, but it must return a tuple or a list"):
         aot_module_simplified(nn.Linear(4, 4), [torch.randn(2, 4)], nop)
 
 

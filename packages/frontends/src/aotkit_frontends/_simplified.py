@@ -178,7 +178,9 @@ def aot_module_simplified(
         with stateless._reparametrize_module(mod, dict(zip(names, flat[:num_params], strict=True))):
             out = mod(*flat[num_params:])
         if not isinstance(out, (tuple, list)):
-            raise RuntimeError(NOT_A_SEQUENCE_MESSAGE.format(kind=type(out).__name__))
+            # a tensor is named as the user wrote it, not as the tracing wrapper it is now
+            kind = "Tensor" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise RuntimeError(NOT_A_SEQUENCE_MESSAGE.format(kind=kind))
         return outputs.record(out)
 
     debug_assert = functorch_config.debug_assert
