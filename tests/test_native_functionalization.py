@@ -148,3 +148,45 @@ def test_ops_the_python_mode_rewrites_are_recognised(op: str) -> None:
     overload = getattr(torch.ops.aten, op).default
     assert needs_python_functionalization(overload)
     assert not needs_python_functionalization(torch.ops.aten.mm.default)
+
+
+def test_native_trace_that_keeps_a_rewritten_op_is_redone_in_the_python_mode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Force the native path past the metadata gate: the traced joint still holds
+    # native_batch_norm (a hidden mutation of the running stats), so trace_joint must
+    # throw it away and trace with the Python mode.
+    monkeypatch.setattr(compile_module, "_native_functionalization", lambda *a: True)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    reference = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 6, 6)
+    compiled = aotkit.aot_module(model, aotkit.nop)
+    compiled(x).sum().backward()
+    reference(x).sum().backward()
+    (art,) = _cache(compiled).artifacts
+    targets = {n.target for n in art.joint_module.graph.nodes if n.op == "call_function"}
+    assert torch.ops.aten._native_batch_norm_legit_functional.default in targets
+    assert torch.ops.aten.native_batch_norm.default not in targets
+    bn, ref_bn = model[1], reference[1]
+    assert torch.allclose(bn.running_mean, ref_bn.running_mean)
+    assert torch.allclose(bn.running_var, ref_bn.running_var)
+    for p, q in zip(model.parameters(), reference.parameters(), strict=True):
+        assert p.grad is not None and q.grad is not None
+        assert torch.allclose(p.grad, q.grad, atol=1e-5)
+
+
+def test_dynamic_shapes_take_the_native_path() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * x.shape[0]).sin().sum(0)
+
+    compiled = aotkit.aot_function(f, aotkit.nop, dynamic=True)
+    for n in (4, 6):
+        x = torch.randn(n, 3, requires_grad=True)
+        compiled(x).sum().backward()
+        x_ref = x.detach().clone().requires_grad_(True)
+        f(x_ref).sum().backward()
+        assert x.grad is not None and torch.allclose(x.grad, x_ref.grad)  # type: ignore[arg-type]
+    (art,) = _cache(compiled).artifacts
+    assert art.meta.native_functionalization_ok

@@ -133,16 +133,25 @@ def trace_joint(
 
 
 def _needs_python_mode(node: torch.fx.Node) -> bool:
+    """A node the native trace must not leave: an op the Python mode rewrites, a mutable
+    op, or a call (HOP, custom op) other than getitem and symbolic-size arithmetic."""
     if node.op != "call_function":
         return False
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
-        return not _is_getitem(target)
+        return not _is_plain_python_call(target)
     return target._schema.is_mutable or needs_python_functionalization(target)
 
 
-def _is_getitem(target: Any) -> bool:
-    return target is operator.getitem
+def _is_plain_python_call(target: Any) -> bool:
+    # getitem of multi-output ops; SymInt arithmetic (operator.mul, math.floor,
+    # torch.sym_max, ...) with dynamic shapes
+    module = getattr(target, "__module__", None)
+    return (
+        target is operator.getitem
+        or module in ("_operator", "operator", "math")
+        or getattr(target, "__name__", "").startswith("sym_")
+    )
 
 
 def _trace_joint(

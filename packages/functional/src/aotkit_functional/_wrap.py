@@ -130,9 +130,17 @@ def storage_was_changed(t: Any) -> bool:
 # inputs become C++ FunctionalTensorWrappers): the same functionalization kernels, no
 # Python layer, 1.4-3x faster under make_fx. The Python mode adds what the C++ key lacks:
 # auto_functionalize for custom ops that mutate, effect tokens, TorchBind objects and
-# pre_dispatch tracing. So the native path is taken only for graphs made of native ATen
-# ops whose inputs are plain tensors; the metadata pass (which runs under the Python mode)
-# tells which (See ``ViewAndMutationMeta.native_functionalization_ok``).
+# pre_dispatch tracing, and it decomposes the few ops whose Python CompositeImplicit
+# kernel differs from the C++ one (native_batch_norm, whose schema hides that it writes the
+# running stats, would otherwise stay in the graph as a mutation). So the native path is
+# taken only for programs made of native ATen ops without such kernels, on plain tensors:
+# the metadata pass (which runs under the Python mode) tells which
+# (``ViewAndMutationMeta.native_functionalization_ok``), and aotkit_frontends also keeps
+# the Python mode for programs that mutate inputs or return aliases and for exports, where
+# torch's exact graph text matters most (view replay numbers nodes differently). On the
+# programs it takes, the native joint is op for op the Python mode's, except for the no-op
+# ``aten.detach`` nodes the Python mode records where autograd saves an output. A native
+# trace that fails or leaves such an op is redone in the Python mode.
 
 
 @contextlib.contextmanager
