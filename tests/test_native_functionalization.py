@@ -31,16 +31,31 @@ TRAINING_CASES = [
 
 @contextlib.contextmanager
 def _python_mode_only() -> Iterator[None]:
+    """The two-pass flow (Note [Single-pass joint trace]) with the Python mode."""
     original = compile_module.trace_joint
+    original_single = compile_module._single_pass
 
     def forced(*args: Any, native: bool, **kwargs: Any) -> Any:
         return original(*args, native=False, **kwargs)
 
     compile_module.trace_joint = forced  # type: ignore[assignment]
+    compile_module._single_pass = lambda *args: None  # type: ignore[assignment]
     try:
         yield
     finally:
         compile_module.trace_joint = original
+        compile_module._single_pass = original_single  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _two_pass_only() -> Iterator[None]:
+    """The two-pass flow, with native functionalization where it applies."""
+    original_single = compile_module._single_pass
+    compile_module._single_pass = lambda *args: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        compile_module._single_pass = original_single  # type: ignore[assignment]
 
 
 def _ops_modulo_detach(gm: torch.fx.GraphModule) -> list[tuple[Any, ...]]:
@@ -190,3 +205,107 @@ def test_dynamic_shapes_take_the_native_path() -> None:
         assert x.grad is not None and torch.allclose(x.grad, x_ref.grad)  # type: ignore[arg-type]
     (art,) = _cache(compiled).artifacts
     assert art.meta.native_functionalization_ok
+
+
+def _first_training_entry(case: Case) -> Any:
+    """The artifacts of the case's first training compilation (None: none)."""
+    torch.manual_seed(MODEL_SEED)
+    if case.module:
+        compiled: Any = aotkit.aot_module(case.program(), aotkit.nop)
+    else:
+        compiled = aotkit.aot_function(case.program, aotkit.nop)
+    call = make_call(case, 0)
+    try:
+        with torch.enable_grad():
+            compiled(*call.args, **call.kwargs)
+    except Exception:
+        return None
+    trained = [a for a in _cache(compiled).artifacts if a.joint_module is not None]
+    return trained[0] if trained else None
+
+
+def _meta_summary(meta: Any) -> tuple[Any, ...]:
+    return (
+        tuple(meta.input_info),
+        tuple(meta.output_info),
+        meta.tangent_indices,
+        tuple((t.shape, t.dtype, t.stride()) for t in meta.traced_tangents),
+        meta.num_intermediate_bases,
+        meta.grad_enabled_mutation,
+    )
+
+
+def test_single_pass_gives_the_two_pass_graphs_and_metadata() -> None:
+    # See Note [Single-pass joint trace]: same joint, forward and backward code, same
+    # metadata as the metadata pass followed by the joint trace.
+    single = 0
+    for case in TRAINING_CASES:
+        art = _first_training_entry(case)
+        if art is None or not art.single_pass:
+            continue
+        with _two_pass_only():
+            reference = _first_training_entry(case)
+        assert reference is not None and not reference.single_pass
+        assert art.joint_module.code == reference.joint_module.code, case.name
+        assert art.fw_module.code == reference.fw_module.code, case.name
+        assert art.bw_module.code == reference.bw_module.code, case.name
+        assert _meta_summary(art.meta) == _meta_summary(reference.meta), case.name
+        single += 1
+    assert single >= 20, single
+
+
+@pytest.mark.parametrize(
+    ("name", "program", "make_inputs"),
+    [
+        ("input mutation", lambda x: x.mul_(2).sin(), lambda: (torch.randn(3, requires_grad=True).clone(),)),
+        ("view output", lambda x: x.sin().view(-1), lambda: (torch.randn(2, 3, requires_grad=True),)),
+        ("returns an input", lambda x: (x, x.sin()), lambda: (torch.randn(3, requires_grad=True),)),
+        ("detached twin", lambda x: (lambda y: (y, y.detach()))(x.sin()), lambda: (torch.randn(3, requires_grad=True),)),
+        ("grad mode left off", lambda x: (x.sin(), torch.set_grad_enabled(False))[0], lambda: (torch.randn(3, requires_grad=True),)),
+        ("no grad needed", lambda x: x.sin(), lambda: (torch.randn(3),)),
+        ("batch norm", lambda x, w, rm, rv: torch.nn.functional.batch_norm(x, rm, rv, w, training=True), lambda: (torch.randn(4, 3), torch.randn(3, requires_grad=True), torch.zeros(3), torch.ones(3))),
+    ],
+)
+def test_programs_outside_the_single_pass_take_the_general_flow(
+    name: str, program: Any, make_inputs: Any
+) -> None:
+    compiled = aotkit.aot_function(program, aotkit.nop)
+    try:
+        with torch.enable_grad():
+            compiled(*make_inputs())
+    finally:
+        torch.set_grad_enabled(True)
+    (art,) = _cache(compiled).artifacts
+    assert not art.single_pass, name
+
+
+def test_in_place_write_to_an_expanded_intermediate_still_raises_like_eager() -> None:
+    # eager refuses x.sum(0).expand(...).add_(1); the single pass must not hide it
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x.sum(0, keepdim=True).expand(3, 4)
+        y.add_(1)
+        return y.sum()
+
+    x = torch.randn(3, 4, requires_grad=True)
+    with pytest.raises(RuntimeError) as eager:
+        f(x)
+    with pytest.raises(RuntimeError) as ours:
+        aotkit.aot_function(f, aotkit.nop)(x)
+    assert str(ours.value) == str(eager.value)
+
+
+def test_mlp_is_traced_in_one_pass() -> None:
+    model = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2))
+    compiled = aotkit.aot_module(model, aotkit.nop)
+    x = torch.randn(4, 8)
+    compiled(x).sum().backward()
+    (art,) = _cache(compiled).artifacts
+    assert art.single_pass
+    placeholders = [n.name for n in art.joint_module.graph.nodes if n.op == "placeholder"]
+    assert placeholders == [f"primals_{i}" for i in range(1, 6)] + ["tangents_1"]
+    reference = nn.Sequential(nn.Linear(8, 8), nn.GELU(), nn.Linear(8, 2))
+    reference.load_state_dict(model.state_dict())
+    grads = [p.grad for p in model.parameters()]
+    reference(x).sum().backward()
+    for g, p in zip(grads, reference.parameters(), strict=True):
+        assert g is not None and p.grad is not None and torch.allclose(g, p.grad, atol=1e-6)

@@ -127,12 +127,12 @@ def trace_joint(
         except Exception:  # the Python mode traces it or raises the user-facing error
             pass
         else:
-            if not any(_needs_python_mode(n) for n in traced[0].graph.nodes):
+            if not any(needs_python_mode(n) for n in traced[0].graph.nodes):
                 return traced
     return _trace_joint(flat_fn, fake_args, meta, decompositions, native=False)
 
 
-def _needs_python_mode(node: torch.fx.Node) -> bool:
+def needs_python_mode(node: torch.fx.Node) -> bool:
     """A node the native trace must not leave: an op the Python mode rewrites, a mutable
     op, or a call (HOP, custom op) other than getitem and symbolic-size arithmetic."""
     if node.op != "call_function":
@@ -185,7 +185,7 @@ def _trace_joint(
                 ]
                 grads: list[Any] = [None] * len(f_primals)
                 if outs_and_grads and diff_inputs:
-                    computed, failed = _input_grads(outs_and_grads, [p for _, p in diff_inputs])
+                    computed, failed = input_grads(outs_and_grads, [p for _, p in diff_inputs])
                     stale_tangents.update(failed)
                     for (i, _), g in zip(diff_inputs, computed, strict=True):
                         grads[i] = g
@@ -221,7 +221,7 @@ STALE_TANGENTS_KEY = "aotkit_stale_tangents"
 _STALE_SAVE_ERROR = "modified by an inplace operation"
 
 
-def _input_grads(
+def input_grads(
     outs_and_tangents: Sequence[tuple[int, torch.Tensor, torch.Tensor]],
     inputs: Sequence[torch.Tensor],
 ) -> tuple[list[Any], dict[int, str]]:

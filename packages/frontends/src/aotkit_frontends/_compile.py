@@ -44,6 +44,7 @@ from ._context import track_graph_compiling
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._guards import ShapeGuard
+from ._single_pass import trace_single_pass
 
 Runner = Callable[[list[Any]], Sequence[Any]]
 
@@ -62,6 +63,8 @@ class CompiledArtifacts:
     # the ShapeEnv guards this entry is valid under (dynamic shapes, when aotkit made the
     # ShapeEnv); see Note [Shape guards]
     guard: ShapeGuard | None = None
+    # metadata and joint came from one trace (See Note [Single-pass joint trace])
+    single_pass: bool = False
 
 
 @contextlib.contextmanager
@@ -100,18 +103,11 @@ def _metadata(
     cfg: AOTConfig,
     fake_mode: FakeTensorMode,
     shape_env: Any,
+    fake_args: list[Any] | None = None,
 ) -> tuple[ViewAndMutationMeta, list[Any], FlatFn, list[Any]]:
+    """The metadata pass; ``fake_args``: the compiled inputs, already fakified."""
     traced_fn = layout.wrap_for_tracing(flat_fn)
-    with unset_fake_temporarily():
-        # synthetic bases are built from the real inputs, outside the fake mode
-        compiled_args = layout.compiled_args(flat_args)
-    fake = fakify_inputs(
-        compiled_args,
-        fake_mode,
-        shape_env,
-        num_params_buffers=_num_params_after_layout(layout, cfg.num_params_buffers),
-        is_export=cfg.is_export,
-    )
+    fake = fake_args if fake_args is not None else _fakify(flat_args, layout, cfg, fake_mode, shape_env)
     # Not gated on grad mode: a function called under no_grad may enable grad itself.
     # Whether a backward is needed is decided from the outputs (``_output_needs_grad``),
     # which the metadata pass computes under the caller's grad mode.
@@ -125,6 +121,25 @@ def _metadata(
         eager_leaf_checks=not cfg.is_export,
     )
     return meta, fake, traced_fn, fw_outs
+
+
+def _fakify(
+    flat_args: Sequence[Any],
+    layout: InputLayout,
+    cfg: AOTConfig,
+    fake_mode: FakeTensorMode,
+    shape_env: Any,
+) -> list[Any]:
+    with unset_fake_temporarily():
+        # synthetic bases are built from the real inputs, outside the fake mode
+        compiled_args = layout.compiled_args(flat_args)
+    return fakify_inputs(
+        compiled_args,
+        fake_mode,
+        shape_env,
+        num_params_buffers=_num_params_after_layout(layout, cfg.num_params_buffers),
+        is_export=cfg.is_export,
+    )
 
 
 def _num_params_after_layout(layout: InputLayout, num_params_buffers: int) -> int:
@@ -179,29 +194,113 @@ def compile_flat(
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     layout = compute_input_layout(flat_args)
     with explain_tracing_errors(), _tracing_context(fake_mode, shape_env is not None):
-        meta, fake, traced_fn, fw_outs = _metadata(flat_fn, flat_args, layout, cfg, fake_mode, shape_env)
-        first_meta, first_layout = meta, layout
-
-        def mutated(user_index: int) -> bool:
-            ci = first_layout.compiled_index_of_user_input(user_index)
-            # Only data mutations are seen through an alias; a metadata mutation (t_,
-            # unsqueeze_) changes one tensor and is replayed on it alone.
-            return ci is not None and first_meta.input_info[ci].mutates_data
-
-        with_bases = compute_input_layout(flat_args, mutated)
-        if with_bases.key != layout.key:
-            layout = with_bases
-            meta, fake, traced_fn, fw_outs = _metadata(
-                flat_fn, flat_args, layout, cfg, fake_mode, shape_env
-            )
-        if meta.is_train and not _output_needs_grad(meta):
-            meta = _as_inference(meta, cfg.keep_inference_input_mutations)
-        artifacts = CompiledArtifacts(meta=meta, layout=layout)
-        relative = _relative_offsets(meta, fake, fw_outs)
-        if meta.is_train:
-            call = _compile_training(traced_fn, fake, meta, cfg, artifacts)
+        single = _single_pass(flat_fn, flat_args, layout, cfg, fake_mode, shape_env)
+        if isinstance(single, tuple):
+            # See Note [Single-pass joint trace]
+            meta, fake, traced_fn, fw_outs, traced = single
+            artifacts = CompiledArtifacts(meta=meta, layout=layout, single_pass=True)
+            relative = _relative_offsets(meta, fake, fw_outs)
+            call = _compile_training(traced_fn, fake, meta, cfg, artifacts, traced=traced)
         else:
-            call = _compile_inference(traced_fn, fake, meta, cfg, artifacts)
+            call, artifacts, meta, layout, fake, relative = _compile_two_pass(
+                flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args=single
+            )
+    return _finish(call, artifacts, meta, layout, cfg, fake, flat_args, shape_env, relative)
+
+
+def _compile_two_pass(
+    flat_fn: FlatFn,
+    flat_args: Sequence[Any],
+    layout: InputLayout,
+    cfg: AOTConfig,
+    fake_mode: FakeTensorMode,
+    shape_env: Any,
+    fake_args: list[Any] | None = None,
+) -> tuple[
+    Callable[[list[Any]], Sequence[Any]],
+    CompiledArtifacts,
+    ViewAndMutationMeta,
+    InputLayout,
+    list[Any],
+    list[int | None],
+]:
+    """The general flow: the metadata pass, then the inference or joint trace.
+
+    ``fake_args``: the inputs already fakified for ``layout`` (by a single-pass attempt).
+    """
+    meta, fake, traced_fn, fw_outs = _metadata(
+        flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args
+    )
+    first_meta, first_layout = meta, layout
+
+    def mutated(user_index: int) -> bool:
+        ci = first_layout.compiled_index_of_user_input(user_index)
+        # Only data mutations are seen through an alias; a metadata mutation (t_,
+        # unsqueeze_) changes one tensor and is replayed on it alone.
+        return ci is not None and first_meta.input_info[ci].mutates_data
+
+    with_bases = compute_input_layout(flat_args, mutated)
+    if with_bases.key != layout.key:
+        layout = with_bases
+        meta, fake, traced_fn, fw_outs = _metadata(
+            flat_fn, flat_args, layout, cfg, fake_mode, shape_env
+        )
+    if meta.is_train and not _output_needs_grad(meta):
+        meta = _as_inference(meta, cfg.keep_inference_input_mutations)
+    artifacts = CompiledArtifacts(meta=meta, layout=layout)
+    relative = _relative_offsets(meta, fake, fw_outs)
+    if meta.is_train:
+        call = _compile_training(traced_fn, fake, meta, cfg, artifacts)
+    else:
+        call = _compile_inference(traced_fn, fake, meta, cfg, artifacts)
+    return call, artifacts, meta, layout, fake, relative
+
+
+def _single_pass(
+    flat_fn: FlatFn,
+    flat_args: Sequence[Any],
+    layout: InputLayout,
+    cfg: AOTConfig,
+    fake_mode: FakeTensorMode,
+    shape_env: Any,
+) -> tuple[ViewAndMutationMeta, list[Any], FlatFn, list[Any], tuple[Any, list[Any]]] | list[Any] | None:
+    """Metadata and joint graph from one trace; otherwise the fake inputs it made (a
+    list), or None, for the two-pass flow.
+
+    See Note [Single-pass joint trace]: only for training calls (grad mode on, an input
+    requiring grad) with static shapes and no duplicated or aliased inputs, outside export.
+    """
+    if (
+        shape_env is not None
+        or cfg.is_export
+        or not layout.is_trivial
+        or not torch.is_grad_enabled()
+        or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args)
+    ):
+        return None
+    traced_fn = layout.wrap_for_tracing(flat_fn)
+    fake = _fakify(flat_args, layout, cfg, fake_mode, shape_env)
+    try:
+        joint, joint_inputs, meta, fw_outs = trace_single_pass(
+            traced_fn, fake, cfg.decompositions, static_input_indices=cfg.static_input_indices or ()
+        )
+    except Exception:  # NotSinglePass, or an error the two-pass flow reports in its own way
+        return fake
+    return meta, fake, traced_fn, fw_outs, (joint, joint_inputs)
+
+
+def _finish(
+    call: Callable[[list[Any]], Sequence[Any]],
+    artifacts: CompiledArtifacts,
+    meta: ViewAndMutationMeta,
+    layout: InputLayout,
+    cfg: AOTConfig,
+    fake: list[Any],
+    flat_args: Sequence[Any],
+    shape_env: Any,
+    relative: list[int | None],
+) -> tuple[Runner, CompiledArtifacts]:
+    """Guard the entry and wrap the compiled call with the epilogue and input layout."""
     if shape_env is not None and detect_fake_mode(list(flat_args)) is None:
         # A ShapeEnv made for this compilation: guard the entry (See Note [Shape guards]).
         # A fake mode that came with the inputs (dynamo's) belongs to a caller that guards.
@@ -357,9 +456,14 @@ def _compile_training(
     meta: ViewAndMutationMeta,
     cfg: AOTConfig,
     artifacts: CompiledArtifacts,
+    *,
+    traced: tuple[torch.fx.GraphModule, list[Any]] | None = None,
 ) -> Callable[[list[Any]], Sequence[Any]]:
-    native = _native_functionalization(meta, cfg, artifacts.layout)
-    joint, joint_inputs = trace_joint(traced_fn, fake, meta, cfg.decompositions, native=native)
+    if traced is not None:
+        joint, joint_inputs = traced
+    else:
+        native = _native_functionalization(meta, cfg, artifacts.layout)
+        joint, joint_inputs = trace_joint(traced_fn, fake, meta, cfg.decompositions, native=native)
     _mark_runtime_mutated_primals(joint, meta)
     artifacts.joint_module = joint
     n_fwd = meta.num_forward_returns

@@ -3,6 +3,7 @@
 from ._alias_regeneration import as_plain_tensor as as_plain_tensor
 from ._alias_regeneration import regenerate_alias as regenerate_alias
 from ._eager_checks import EagerInplaceChecks as EagerInplaceChecks
+from ._eager_checks import has_internal_overlap as has_internal_overlap
 from ._eager_checks import (
     needs_python_functionalization as needs_python_functionalization,
 )
@@ -20,6 +21,7 @@ from ._wrap import mutations_hidden_from_autograd as mutations_hidden_from_autog
 from ._wrap import (
     mutations_under_no_grad_or_inference_mode as mutations_under_no_grad_or_inference_mode,
 )
+from ._wrap import native_input_was_changed as native_input_was_changed
 from ._wrap import natively_functionalized as natively_functionalized
 from ._wrap import storage_ref as storage_ref
 from ._wrap import storage_was_changed as storage_was_changed
@@ -34,6 +36,7 @@ __all__ = [
     "from_native_functional",
     "functionalized",
     "has_data_mutation",
+    "has_internal_overlap",
     "has_metadata_mutation",
     "has_storage_mutation",
     "is_functional",
@@ -41,6 +44,7 @@ __all__ = [
     "mutable_ops_in_graph",
     "mutations_hidden_from_autograd",
     "mutations_under_no_grad_or_inference_mode",
+    "native_input_was_changed",
     "natively_functionalized",
     "needs_python_functionalization",
     "regenerate_alias",

@@ -65,7 +65,8 @@ def _written_tensors(
             yield value
 
 
-_NATIVE_NAMESPACES = frozenset({"aten", "prims"})
+# prim: metadata queries (prim::device, prim::dtype, prim::layout)
+_NATIVE_NAMESPACES = frozenset({"aten", "prims", "prim"})
 
 
 def needs_python_functionalization(func: Any) -> bool:
@@ -78,7 +79,7 @@ def needs_python_functionalization(func: Any) -> bool:
     return torch._C.DispatchKey.CompositeImplicitAutograd in func.py_kernels
 
 
-def _has_internal_overlap(t: torch.Tensor) -> bool:
+def has_internal_overlap(t: torch.Tensor) -> bool:
     """Eager's ``has_internal_overlap(t) == MemOverlap::Yes``: a dimension of size > 1
     with stride 0."""
     return any(st == 0 and sz > 1 for sz, st in zip(t.shape, t.stride(), strict=True))
@@ -121,7 +122,7 @@ class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
             base = t._base
             if base is not None and id(base) in self._leaf_ids:
                 raise RuntimeError(_VIEW_OF_LEAF_MESSAGE)
-        if op not in _METADATA_ONLY and _has_internal_overlap(t):
+        if op not in _METADATA_ONLY and has_internal_overlap(t):
             if op in _FILLS:
                 raise RuntimeError(_FILL_OVERLAP_MESSAGE.format(op=op))
             raise RuntimeError(_OVERLAP_MESSAGE)

@@ -169,3 +169,16 @@ def from_native_functional(value: Any) -> Any:
         _bindings.sync(value)
         return _bindings.unwrap_functional(value)
     return value
+
+
+def native_input_was_changed(f_arg: Any) -> bool:
+    """Whether a C++ FunctionalTensorWrapper input saw any data, metadata or storage
+    mutation (See Note [Native functionalization])."""
+    if not isinstance(f_arg, torch.Tensor) or not _bindings.is_functional_wrapper(f_arg):
+        return False
+    _bindings.sync(f_arg)
+    return bool(
+        _bindings.has_data_mutation(f_arg)
+        or _bindings.has_metadata_mutation(f_arg)
+        or _bindings.was_storage_changed(f_arg)
+    )

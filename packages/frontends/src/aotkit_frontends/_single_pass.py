@@ -1,0 +1,286 @@
+"""One native trace that yields both the metadata and the joint graph of a plain program.
+
+# Note [Single-pass joint trace]
+# The general flow runs the user's function twice on fake tensors: once under torch's
+# Python FunctionalTensorMode to collect ViewAndMutationMeta, then again inside make_fx to
+# trace the joint graph, whose tangent placeholders depend on that metadata. Most training
+# programs are plain: they mutate no input, return no alias, keep grad mode, run only
+# native ATen ops, on inputs with static shapes. For those the metadata is fully
+# determined by the outputs (every output is non_alias; the tangents are the outputs that
+# require grad), so ``trace_single_pass`` traces the joint directly with native
+# functionalization (See Note [Native functionalization] in aotkit_functional): the
+# forward runs once, the metadata is read off its outputs, a tangent placeholder is added
+# for every output that requires grad, and the backward is traced into the same graph.
+# The result is the graph the two-pass flow produces (same nodes, same names, same
+# calling convention: placeholders ``primals_*`` then ``tangents_*``).
+#
+# Whatever breaks the assumptions raises ``NotSinglePass`` and the caller falls back to
+# the two-pass flow, which then reports user errors with its own checks:
+#   * an op the Python mode treats differently (custom ops, HOPs, native_batch_norm, ...),
+#     seen by a dispatch mode under the Functionalize key, or left in the graph;
+#   * an in-place op on a tensor whose elements overlap (an expanded view): eager raises,
+#     functionalization would not;
+#   * any input mutated (data, metadata, storage), any output that is a view, an input, a
+#     repeat of another output or shares another tensor's storage;
+#   * grad mode changed, no output requiring grad (an inference program), no input that
+#     requires grad.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+from aotkit_functional import (
+    from_native_functional,
+    has_internal_overlap,
+    native_input_was_changed,
+    natively_functionalized,
+    needs_python_functionalization,
+    storage_ref,
+    to_native_functional,
+)
+from aotkit_schemas import (
+    DecompositionTable,
+    InputAliasInfo,
+    OutputAliasInfo,
+    OutputType,
+    ViewAndMutationMeta,
+)
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
+from torch.fx.experimental.proxy_tensor import (
+    disable_proxy_modes_tracing,
+    get_proxy_mode,
+    make_fx,
+    track_tensor_tree,
+)
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ._capture import STALE_TANGENTS_KEY, FlatFn, input_grads, needs_python_mode
+
+
+class NotSinglePass(Exception):
+    """The program needs the two-pass flow. See Note [Single-pass joint trace]."""
+
+
+# TorchDispatchMode/TorchFunctionMode carry no annotations in torch.
+class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
+    """Sits under the Functionalize key and stops at the first op the Python mode would
+    treat differently."""
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if needs_python_functionalization(func):
+            raise NotSinglePass(f"{func} needs the Python functionalization mode")
+        return func(*args, **(kwargs or {}))
+
+
+class _OverlapGuard(TorchFunctionMode):  # type: ignore[misc]
+    """Stops at an in-place call (``x.add_``, ``x += y``, ``out=``, ``x[i] = v``) that
+    writes to a tensor whose elements share memory."""
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        writes = (
+            (name.endswith("_") and not name.endswith("__"))
+            or name.startswith("__i")
+            or name == "__setitem__"
+        )
+        targets: list[Any] = []
+        if writes and args:
+            targets.append(args[0])
+        if "out" in kwargs:
+            out = kwargs["out"]
+            targets.extend(out if isinstance(out, (tuple, list)) else (out,))
+        for t in targets:
+            if isinstance(t, torch.Tensor) and has_internal_overlap(t):
+                raise NotSinglePass("an in-place write to overlapping memory")
+        return func(*args, **kwargs)
+
+
+def _check_plain_outputs(f_primals: Sequence[Any], outs: Sequence[Any]) -> None:
+    storages = {storage_ref(p) for p in f_primals if isinstance(p, torch.Tensor)}
+    for o in outs:
+        if not isinstance(o, torch.Tensor):
+            continue
+        st = storage_ref(o)
+        if o._base is not None or st in storages:
+            raise NotSinglePass("an output aliases an input or another tensor")
+        storages.add(st)
+
+
+def _meta(
+    fake_args: Sequence[Any],
+    f_primals: Sequence[Any],
+    outs: Sequence[Any],
+    tangents: Sequence[torch.Tensor],
+    static_input_indices: Sequence[int],
+) -> ViewAndMutationMeta:
+    inputs = [
+        InputAliasInfo(
+            is_leaf=isinstance(a, torch.Tensor) and a.is_leaf,
+            mutates_data=False,
+            mutates_metadata=False,
+            mutations_hidden_from_autograd=False,
+            mutations_under_no_grad_or_inference_mode=False,
+            mutates_storage_metadata=False,
+            requires_grad=isinstance(fa, torch.Tensor) and fa.requires_grad,
+            keep_input_mutations=False,
+        )
+        for a, fa in zip(fake_args, f_primals, strict=True)
+    ]
+    outputs = [
+        OutputAliasInfo(
+            OutputType.non_alias,
+            torch.Tensor,
+            None,
+            frozenset(),
+            bool(o.requires_grad),
+            bool(o.requires_grad),
+        )
+        if isinstance(o, torch.Tensor)
+        else OutputAliasInfo(OutputType.non_alias, type(o), None, None, False)
+        for o in outs
+    ]
+    return ViewAndMutationMeta(
+        input_info=inputs,
+        output_info=outputs,
+        num_intermediate_bases=0,
+        keep_input_mutations=False,
+        traced_tangents=list(tangents),
+        is_train=True,
+        static_input_indices=tuple(static_input_indices),
+        native_functionalization_ok=True,
+    )
+
+
+def trace_single_pass(
+    flat_fn: FlatFn,
+    fake_args: Sequence[Any],
+    decompositions: DecompositionTable,
+    *,
+    static_input_indices: Sequence[int] = (),
+) -> tuple[torch.fx.GraphModule, list[Any], ViewAndMutationMeta, list[Any]]:
+    """Trace the joint graph and collect its metadata in one pass, or raise NotSinglePass.
+
+    Returns ``(joint, [primals, tangents], meta, forward outputs)``; See Note [Single-pass
+    joint trace]. Call it under the fake mode of ``fake_args``, with grad mode on.
+    """
+    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args):
+        raise NotSinglePass("no input requires grad")
+    found: dict[str, Any] = {}
+    stale_tangents: dict[int, str] = {}
+
+    def joint(primals: list[Any]) -> list[Any]:
+        with natively_functionalized():
+            f_primals = [to_native_functional(p) for p in primals]
+            with _OverlapGuard(), _NativeOpGate():  # type: ignore[no-untyped-call]
+                outs = list(flat_fn(*f_primals))
+            if not torch.is_grad_enabled():
+                raise NotSinglePass("the function changed grad mode")
+            if any(native_input_was_changed(p) for p in f_primals):
+                raise NotSinglePass("the function mutates an input")
+            _check_plain_outputs(f_primals, outs)
+            positions = [
+                j for j, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad
+            ]
+            if not positions:
+                raise NotSinglePass("no output requires grad")
+            tangents = _tangent_placeholders([outs[j] for j in positions])
+            f_tangents = [to_native_functional(t) for t in tangents]
+            diff_inputs = [
+                (i, p) for i, p in enumerate(f_primals) if isinstance(p, torch.Tensor) and p.requires_grad
+            ]
+            computed, failed = input_grads(
+                [(k, outs[j], f_tangents[k]) for k, j in enumerate(positions)],
+                [p for _, p in diff_inputs],
+            )
+            stale_tangents.update(failed)
+            if any(native_input_was_changed(t) for t in (*f_primals, *f_tangents)):
+                # a custom backward mutated a saved input or a tangent: the two-pass flow
+                # raises torch's error (Note [Metadata mutations in the backward])
+                raise NotSinglePass("the backward mutates an input")
+            grads: list[Any] = [None] * len(f_primals)
+            for (i, _), g in zip(diff_inputs, computed, strict=True):
+                grads[i] = g
+            plain_outs = [from_native_functional(o) for o in outs]
+            plain_grads = [from_native_functional(g) if g is not None else None for g in grads]
+        found.update(f_primals=f_primals, f_outs=outs, outs=plain_outs, tangents=tangents)
+        return [*plain_outs, *plain_grads]
+
+    primals = list(fake_args)
+    try:
+        with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
+            gm = make_fx(joint, decomposition_table=decompositions)(primals)
+    finally:
+        # a function that switched grad mode off and was abandoned must not leave it off
+        torch.set_grad_enabled(True)
+    if any(needs_python_mode(n) for n in gm.graph.nodes):
+        raise NotSinglePass("the traced graph keeps an op the Python mode rewrites")
+    tangents: list[torch.Tensor] = found["tangents"]
+    _move_tangents_after_primals(gm, primals, tangents)
+    meta = _meta(fake_args, found["f_primals"], found["f_outs"], tangents, static_input_indices)
+    # See Note [Backward paths through stale saved values] in _capture
+    gm.meta[STALE_TANGENTS_KEY] = stale_tangents
+    return gm, [primals, tangents], meta, list(found["outs"])
+
+
+def _tangent_placeholders(outs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Fresh fake tangents for ``outs``, each bound to a new ``tangents_k`` placeholder of
+    the graph being traced."""
+    mode = get_proxy_mode()
+    assert mode is not None, "trace_single_pass runs inside make_fx"
+    tracer = mode.tracer
+    tangents = []
+    exclude = torch._C._ExcludeDispatchKeyGuard(
+        torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
+    )
+    with disable_proxy_modes_tracing(), exclude:
+        for k, o in enumerate(outs):
+            # contiguous, like the tangents of the two-pass flow
+            t = torch.empty(o.shape, dtype=o.dtype, device=o.device)
+            name = f"tangents_{k + 1}"
+            proxy = tracer.create_proxy("placeholder", name, (), {}, name=name)
+            track_tensor_tree(t, proxy, constant=None, tracer=tracer)
+            tangents.append(t)
+    return tangents
+
+
+def _move_tangents_after_primals(
+    gm: torch.fx.GraphModule, primals: Sequence[Any], tangents: Sequence[torch.Tensor]
+) -> None:
+    """Put the tangent placeholders after the primal ones and make the graph's signature
+    ``(primals, tangents)``, as if they had been inputs from the start."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    primal_nodes = placeholders[: len(primals)]
+    tangent_nodes = placeholders[len(primals) :]
+    assert len(tangent_nodes) == len(tangents)
+    assert primal_nodes, "a joint graph has at least one primal that requires grad"
+    anchor = primal_nodes[-1]
+    for node in tangent_nodes:
+        anchor.append(node)
+        anchor = node
+    codegen = gm.graph._codegen
+    assert isinstance(codegen, torch.fx.graph._PyTreeCodeGen)
+    info = codegen.pytree_info
+    in_spec = pytree.tree_structure((list(primals), list(tangents)))
+    gm.graph._codegen = torch.fx.graph._PyTreeCodeGen(
+        torch.fx.graph._PyTreeInfo(["primals", "tangents"], in_spec, info.out_spec)
+    )
+    gm.recompile()
