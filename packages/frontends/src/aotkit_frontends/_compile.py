@@ -276,6 +276,12 @@ def _single_pass(
         or not layout.is_trivial
         or not torch.is_grad_enabled()
         or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args)
+        # module state that does not require grad is mostly BatchNorm's running stats,
+        # which the single pass would only abandon (the op needs the Python mode)
+        or any(
+            isinstance(a, torch.Tensor) and not a.requires_grad
+            for a in flat_args[: cfg.num_params_buffers]
+        )
     ):
         return None
     traced_fn = layout.wrap_for_tracing(flat_fn)
