@@ -139,6 +139,30 @@ def test_backward_through_a_stale_saved_value_raises_only_when_used() -> None:
         torch.testing.assert_close(aot_value, eager_value)
 
 
+def test_leaf_returned_as_is_gets_its_grad_before_a_stale_backward_raises() -> None:
+    # Found by the fuzzer (seed 21). Eager accumulates into the returned leaf ``v1`` and
+    # then raises at sin's backward; the compiled node must not hold ``v1``'s gradient
+    # back (See Note [Inputs the backward never reaches]).
+    def f(v0: torch.Tensor, v1: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        v3 = torch.sin(v0)
+        v0.add_(v3)
+        return (v3, v1)
+
+    grads = []
+    for fn in (f, aotkit.aot_function(f, aotkit.nop)):
+        torch.manual_seed(0)
+        base = torch.randn(4, requires_grad=True)
+        leaf = torch.randn(4, requires_grad=True)
+        outs = fn(base * 1, leaf)
+        assert outs[1] is leaf and outs[0].requires_grad
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.backward(list(outs), [torch.ones(4), torch.ones(4)])
+        assert base.grad is None
+        assert leaf.grad is not None
+        grads.append(leaf.grad)
+    torch.testing.assert_close(grads[1], grads[0])
+
+
 # --- graph names while compiling (Note [Graph names during compilation]) ---
 
 

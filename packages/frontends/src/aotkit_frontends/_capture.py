@@ -215,8 +215,10 @@ def _trace_joint(
 # tangent-receiving output at trace time, so when that raises, each output is
 # differentiated on its own; the ones that fail are left out of the joint (their tangents
 # go unused) and recorded in ``gm.meta[STALE_TANGENTS_KEY]`` (tangent index -> autograd's
-# message). The runtime gives those outputs a node that raises the same message when
-# differentiated, so the error appears exactly when eager's would.
+# message). The compiled backward raises the same message when it receives a gradient for
+# one of those outputs, so the error appears exactly when eager's would, and after the
+# gradients autograd accumulates before reaching a node (``return y, leaf``: the leaf's
+# ``.grad`` is set, then backward raises, as in eager).
 STALE_TANGENTS_KEY = "aotkit_stale_tangents"
 _STALE_SAVE_ERROR = "modified by an inplace operation"
 

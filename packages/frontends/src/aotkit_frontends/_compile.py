@@ -502,6 +502,7 @@ def _compile_training(
         plain_view_outputs=_plain_view_outputs(fw_module, meta),
         stale_tangents=tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items())),
         static_tangent_like=_static_tangent_like(meta),
+        gradless_inputs=_gradless_inputs(bw_module, fake, meta),
     )
     run = make_autograd_function(compiled_fw, compile_backward, plan)
     return run
@@ -525,6 +526,31 @@ def _native_functionalization(meta: ViewAndMutationMeta, cfg: AOTConfig, layout:
         and meta.num_intermediate_bases == 0
         and all(o.output_type is OutputType.non_alias for o in meta.output_info)
     )
+
+
+def _gradless_inputs(
+    bw_module: torch.fx.GraphModule, fake: Sequence[Any], meta: ViewAndMutationMeta
+) -> tuple[int, ...]:
+    """Inputs that require grad but for which the backward graph returns None.
+
+    See Note [Inputs the backward never reaches] in aotkit_runtime. When every input that
+    requires grad is such an input, the ones not returned as (views of) themselves stay
+    attached: the node must keep an input that requires grad for its outputs to.
+    """
+    grads = graph_outputs(bw_module)
+    if len(grads) != len(fake):
+        return ()
+    needs = [i for i, a in enumerate(fake) if isinstance(a, torch.Tensor) and a.requires_grad]
+    gradless = [i for i in needs if grads[i] is None]
+    if len(gradless) < len(needs):
+        return tuple(gradless)
+    returned = {
+        o.base_idx
+        for o in meta.output_info
+        if o.output_type in (OutputType.is_input, OutputType.alias_of_input)
+    }
+    detached = tuple(i for i in gradless if i in returned)
+    return detached if len(detached) < len(needs) else ()
 
 
 def _static_tangent_like(

@@ -35,6 +35,14 @@ the backward's inputs.
 # unused outputs (with static shapes, known at compile time) are only handled when
 # present; grad mode is only switched when it is off.
 
+# Note [Inputs the backward never reaches]
+# An input that requires grad but whose gradient the backward graph never computes (``f(x,
+# y) = (x.sin(), y)``: ``y`` is returned as it is) enters the Function detached. Otherwise
+# autograd gives the node an edge to ``y``, and ``y``'s gradient waits for the node's
+# backward, where eager accumulates it right away: with a backward that raises (See Note
+# [Backward paths through stale saved values] in aotkit_frontends) ``y.grad`` would stay
+# None where eager sets it.
+
 # Note [Gradients through unused outputs]
 # Eager autograd never runs the part of the graph that only leads to outputs the backward
 # did not use: an input that only feeds such outputs keeps ``.grad is None``. The compiled
@@ -107,6 +115,9 @@ class AutogradPlan:
     static_tangent_like: tuple[tuple[torch.Size, torch.dtype, torch.device] | None, ...] | None = (
         None
     )
+    # inputs that require grad but get none from the backward graph: passed detached, so
+    # the node has no edge to them (See Note [Inputs the backward never reaches])
+    gradless_inputs: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.meta.is_train, "an AutogradPlan needs training metadata"
@@ -146,9 +157,13 @@ def make_autograd_function(
     non_diff_positions = tuple(
         i for i in range(n_returns) if i not in set(tangent_positions) and i not in opaque
     )
-    stale = tuple((tangent_positions[k], message) for k, message in plan.stale_tangents)
+    # See Note [Backward paths through stale saved values] in aotkit_frontends: the
+    # backward raises autograd's message when one of these tangents gets a gradient
+    stale = dict(plan.stale_tangents)
     bw_holder: list[Callable[[list[Any]], Sequence[Any]]] = []
     tangent_deps = plan.tangent_deps
+    # None (not zeros) for the gradients of unused outputs
+    track_unused = tangent_deps is not None or bool(stale)
 
     # See Note [Specialised runtime paths]
     plain_forward = not unsafe_views and not opaque and not non_diff_positions
@@ -160,7 +175,7 @@ def make_autograd_function(
         @staticmethod
         def forward(ctx: Any, *args: Any) -> Any:
             outs = fw_direct(*args) if fw_direct is not None else fw(list(args))
-            if tangent_deps is not None:
+            if track_unused:
                 # See Note [Gradients through unused outputs]
                 ctx.set_materialize_grads(False)
                 if static_tangent_like is None:
@@ -210,6 +225,10 @@ def make_autograd_function(
             tangents = [grads[i] for i in tangent_positions]
             unused: frozenset[int] = frozenset()
             for k, t in enumerate(tangents):
+                if stale and t is not None and k in stale:
+                    # raised here, like eager's error at the node that saved the value:
+                    # after the gradients autograd accumulates first (leaves)
+                    raise RuntimeError(stale[k])
                 if t is None:
                     unused |= {k}
                     like = (
@@ -243,7 +262,14 @@ def make_autograd_function(
 
     apply = CompiledFunction.apply
 
+    gradless = plan.gradless_inputs
+
     def run(args: list[Any]) -> tuple[Any, ...]:
+        if gradless:
+            # See Note [Inputs the backward never reaches]
+            args = list(args)
+            for i in gradless:
+                args[i] = args[i].detach()
         # A training graph is only compiled when an output needs grad; under an outer
         # no_grad that means the function enabled grad itself, so record the node anyway.
         if torch.is_grad_enabled():
@@ -253,25 +279,9 @@ def make_autograd_function(
                 out = apply(*args)
         if opaque:
             out = tuple(o.value if isinstance(o, _Opaque) else o for o in out)
-        if stale:
-            out = _raise_on_backward(out, stale)
         return out
 
     return run
-
-
-def _raise_on_backward(
-    out: tuple[Any, ...], stale: Sequence[tuple[int, str]]
-) -> tuple[Any, ...]:
-    """Outputs at ``stale`` positions get a node that raises its message when
-    differentiated (values unchanged)."""
-    result = list(out)
-    for pos, message in stale:
-        value = result[pos]
-        if isinstance(value, torch.Tensor) and value.requires_grad:
-            delayed: Any = torch._C._functions.DelayedError(message, 1)
-            result[pos] = delayed(value)
-    return tuple(result)
 
 
 def _delay_error(g: Any) -> Any:
