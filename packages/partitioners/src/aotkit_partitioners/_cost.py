@@ -14,9 +14,11 @@ import torch.utils.flop_counter
 from aotkit_schemas import is_sym_node
 from torch.fx.experimental.symbolic_shapes import optimization_hint
 
-# Bytes charged for saving a symbolic scalar (it lives on the autograd ctx, not in memory
-# the allocator sees, so it only needs to be cheaper than any tensor).
-SYMINT_BYTES = 1
+# Bytes charged for saving a symbolic scalar: none, it lives on the autograd ctx, not in
+# memory the allocator sees. The min-cut still tells cuts saving more sizes from cuts saving
+# fewer by its tiebreak (Note [Min-cut flow graph]); charging a byte would instead let a few
+# sizes outweigh recomputing a whole tensor in the backward.
+SYMINT_BYTES = 0
 _UNKNOWN_NUMEL = 4096
 
 

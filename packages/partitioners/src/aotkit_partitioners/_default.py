@@ -7,9 +7,10 @@ from typing import Any
 
 import torch
 import torch.fx
+from aotkit_schemas import is_sym_node
 
 from ._extract import build_modules
-from ._joint import JointInfo, analyze_joint, forward_available, is_primal
+from ._joint import JointInfo, analyze_joint, forward_available, is_primal, sorted_nodes
 from ._ops import ban_reason, must_recompute, mutated_readers
 
 
@@ -18,10 +19,17 @@ def forward_region(info: JointInfo) -> set[torch.fx.Node]:
 
     With ``partitioner_tag`` metadata (set by a tracer that knows where forward ended) the
     forward is every non-backward node up to the last one tagged ``is_forward``. Without
-    tags it is every tangent-free node up to the last ancestor of a forward return: a joint
-    traced from ``joint(primals, tangents)`` runs ``f`` to completion before autograd starts,
-    so graph order separates the two. Either way the region then takes in the getitems
-    and sizes it can compute (see ``forward_available``).
+    tags it is every tangent-free node up to the last non-symbolic ancestor of a forward
+    return: a joint traced from ``joint(primals, tangents)`` runs ``f`` to completion before
+    autograd starts, so graph order separates the two. Symbolic scalars do not count, as
+    the tracer materialises a returned size (``return x, y.size()``) only when something
+    first needs it as a graph value, which can be well into the backward or at the output:
+    counting it would pull every tangent-free backward node before it (``t(weight)``, size
+    arithmetic) into the forward. Such a late returned
+    size stays out of the region, as it does in torch's: the forward computes it to return
+    it, but a backward reading it asks a saved tensor again rather than receiving it. Either
+    way the region then takes in the tensors the forward returns and the getitems of its
+    tuples (see ``forward_available``).
     """
     if info.has_partitioner_tags:
         marks = [
@@ -30,15 +38,54 @@ def forward_region(info: JointInfo) -> set[torch.fx.Node]:
             if n.meta.get("partitioner_tag") == "is_forward" or is_primal(n)
         ]
     else:
-        marks = [info.order[n] for n in info.fw_required] + [info.order[p] for p in info.primals]
+        marks = [info.order[n] for n in info.fw_required if not is_sym_node(n)]
+        marks += [info.order[p] for p in info.primals]
     last = max(marks, default=-1)
     region = {
         n
         for n in info.nodes[: last + 1]
         if n not in info.tangent_closure and n.meta.get("partitioner_tag") != "is_backward"
     }
-    region |= info.fw_required
+    region |= {n for n in info.fw_required if not is_sym_node(n)}
     return forward_available(info, region)
+
+
+def saved_values(info: JointInfo, fw_nodes: set[torch.fx.Node]) -> list[torch.fx.Node]:
+    """What the forward hands the backward, torch's way (Note [Saving sizes]).
+
+    Every forward value a live backward node reads is saved, except a tensor the backward
+    reads only through symbolic-size nodes (``sym_size(x, 0)``): those size nodes are
+    saved instead (the forward computes them), so ``x`` need not stay alive. The order is
+    torch's: forward nodes in graph order, the sizes read off a tensor where the tensor is.
+    """
+    saved: list[torch.fx.Node] = []
+    for node in info.nodes:
+        if node not in fw_nodes:
+            continue
+        readers = [u for u in node.users if u in info.bw_required and u not in fw_nodes]
+        if not readers:
+            continue
+        if not is_sym_node(node) and all(
+            is_sym_node(u)
+            and u not in info.tangent_closure
+            and all(a in fw_nodes for a in u.all_input_nodes)
+            for u in readers
+        ):
+            saved.extend(readers)
+        else:
+            saved.append(node)
+    return saved
+
+
+# Note [Saving sizes]
+# The default partitioner saves what torch's saves, so compiled forward graphs have the
+# same outputs: the forward's own values that the backward reads, tensors first, then
+# symbolic scalars (Note [Joint graph calling convention]). Size arithmetic the backward
+# does (``0 + s0``, slice bounds of a ``cat`` backward) runs in the backward on the saved
+# sizes it starts from rather than being precomputed and saved result by result; a tensor
+# the backward reads only for its sizes is replaced by those sizes. The min-cut partitioner
+# follows the same convention: a size query the forward makes is never recomputed (Note
+# [Recomputation policy]) and sizes cost no bytes (Note [Min-cut flow graph]).
 
 
 def _honour_checkpoint_tags(
@@ -64,7 +111,7 @@ def _honour_checkpoint_tags(
             stack.extend(node.all_input_nodes)
         else:
             saved.append(node)
-    return saved, recomputed
+    return sorted_nodes(info, saved), recomputed
 
 
 def default_partition(
@@ -89,17 +136,13 @@ def default_partition(
     del joint_inputs, kwargs
     info = analyze_joint(joint_module, num_fwd_outputs)
     fw_nodes = forward_region(info)
-    read = [
-        node
-        for node in info.nodes
-        if node in fw_nodes and any(u in info.bw_required and u not in fw_nodes for u in node.users)
-    ]
+    read = saved_values(info, fw_nodes)
     saved, recomputed = _honour_checkpoint_tags(info, read)
     bw_allowed = (set(info.nodes) - fw_nodes) | recomputed
     return build_modules(
         info,
         saved,
-        fw_allowed=fw_nodes,
+        fw_allowed=fw_nodes | info.fw_required | set(read),
         bw_allowed=bw_allowed,
         static_lifetime_input_indices=static_lifetime_input_indices,
     )

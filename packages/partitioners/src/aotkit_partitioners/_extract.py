@@ -128,8 +128,11 @@ def build_modules(
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """Split the joint graph given the forward nodes whose values the backward receives.
 
-    ``saved`` may mix tensors and symbolic scalars in any order; the result follows the
-    calling convention (tensors, then symints). ``fw_allowed`` is every node the forward
+    ``saved`` may mix tensors and symbolic scalars; the result follows the calling
+    convention (tensors, then symints). Tensors are saved in graph order, symints in the
+    order given, after the nodes binding the symbols of saved shapes as torch orders them:
+    saved symints that bind a symbol, then the bindings added here, then the other saved
+    symints. ``fw_allowed`` is every node the forward
     may compute; ``bw_allowed`` (when given) every node the backward may compute besides
     its inputs. A saved value the backward turns out not to read is dropped, and the
     nodes binding the symbols in backward input shapes are added. With ``late_recompute``
@@ -142,9 +145,13 @@ def build_modules(
     # Keep only the saved values the backward reads.
     read = ancestors(nodes_of(info.bwd_outputs) + bw_roots, stop=set(saved) | set(info.tangents))
     tensors = sorted_nodes(info, (n for n in saved if n in read and not is_sym_node(n)))
-    symints = sorted_nodes(info, (n for n in saved if n in read and is_sym_node(n)))
-    bound = symbol_bindings(info, symints + tensors + list(info.tangents), fw_allowed)
-    symints = unique([b for b in bound if b not in symints] + symints)
+    symints = [n for n in saved if n in read and is_sym_node(n)]
+    binding = [n for n in symints if is_symbol_binding_fx_node(n) is not None]
+    derived = [n for n in symints if is_symbol_binding_fx_node(n) is None]
+    have = {is_symbol_binding_fx_node(n) for n in binding}
+    bound = symbol_bindings(info, derived + tensors + list(info.tangents), fw_allowed)
+    bound = [b for b in bound if is_symbol_binding_fx_node(b) not in have]
+    symints = unique(binding + bound + derived)
 
     fw_graph = extract_graph(
         info,

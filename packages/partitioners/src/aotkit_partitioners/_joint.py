@@ -26,7 +26,6 @@ from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import is_sym_node
 
 _BACKWARD_PLACEHOLDER_PREFIXES = ("tangents", "bwd_seed", "bwd_base_offset")
 
@@ -189,20 +188,18 @@ def analyze_joint(
 
 
 def forward_available(info: JointInfo, region: set[torch.fx.Node]) -> set[torch.fx.Node]:
-    """Grow a forward region by the cheap nodes the forward can always compute.
+    """Grow a forward region by the ``getitem``s of its nodes (a tuple is never saved, its
+    items are).
 
-    Adds every ``getitem`` of a forward node (a tuple is never saved, its items are) and
-    every symbolic scalar computed only from forward nodes (a size costs a few bytes to
-    save, a tensor kept alive just for its size costs the whole tensor).
+    Symbolic scalars are *not* pulled in: size arithmetic the backward does on forward
+    sizes stays in the backward, which receives the sizes it starts from (see
+    ``default_partition``).
     """
     grown = set(region)
     for node in info.nodes:
-        if node in grown or node in info.tangent_closure or node.op == "placeholder":
+        if node in grown or not is_getitem(node) or node in info.tangent_closure:
             continue
-        inputs = node.all_input_nodes
-        if not inputs or not all(a in grown for a in inputs):
-            continue
-        if is_getitem(node) or is_sym_node(node):
+        if all(a in grown for a in node.all_input_nodes):
             grown.add(node)
     return grown
 

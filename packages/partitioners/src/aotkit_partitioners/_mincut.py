@@ -15,14 +15,20 @@
 # nodes can be cut, so the flow graph holds just them. Tangent-dependent nodes never enter it.
 #
 # Cost model (capacities are ints, so the cut is exact):
-#   capacity(u) = bytes(u) * SCALE + tiebreak(u)
-# bytes come from meta['val'] (symbolic sizes use their hints; a symint costs 1 byte; a
-# static-lifetime input costs 0, it is alive anyway; a tuple, a non-tensor or an input the
-# runtime mutates after the forward cannot be saved). ``SCALE`` exceeds the sum of all
-# tiebreaks, so the cut first minimises bytes and only among equal-byte cuts prefers the
-# one saving values closest to the backward (tiebreak = 1 + hops to the nearest backward
-# reader), i.e. the one recomputing least: with a weight needed only as ``t(weight)``, the
-# view is saved (as torch does) rather than the weight plus a recomputed ``t``.
+#   capacity(u) = bytes(u) * SCALE + tiebreak(u) * SUB + [u is a symint]
+# bytes come from meta['val'] (symbolic sizes use their hints; a symint costs 0 bytes, it
+# is not tensor memory; a static-lifetime input costs 0, it is alive anyway; a tuple, a
+# non-tensor or an input the runtime mutates after the forward cannot be saved). ``SUB``
+# exceeds the number of symints and ``SCALE`` the sum of the lower terms, so the cut first
+# minimises tensor bytes and only among equal-byte cuts prefers the one saving values
+# closest to the backward (tiebreak = 1 + hops to the nearest backward reader; sizes count
+# here too), i.e. the one recomputing least: with a weight needed only as ``t(weight)``,
+# the view is saved (as torch does) rather than the weight plus a recomputed ``t``; with
+# ``cat([b, c])`` read by a backward ``mm``, the ``cat`` is saved with the sizes the
+# backward slices it by (as torch does) rather than ``b`` and ``c`` with a ``cat``
+# recomputed in the backward to spare two sizes. Last, among cuts equal on both counts, the
+# one saving fewest sizes (``0 + s0`` is recomputed from a saved ``s0`` rather than saved
+# next to it).
 """
 
 from __future__ import annotations
@@ -58,6 +64,8 @@ HARD_BANS = frozenset(
         "reads a mutated tensor",
         "not a call_function",
         "checkpoint policy MUST_SAVE",
+        # not needed for correctness, but a size costs no bytes: no budget gains by lifting it
+        "size the forward computes",
     }
 )
 
@@ -156,7 +164,12 @@ def solve(
     if not cands:
         return []
     index = {n: i for i, n in enumerate(cands)}
-    scale = (max(problem.dist.values()) + 2) * (len(cands) + 1)
+    # Three lexicographic levels (Note [Min-cut flow graph]): bytes, then distance to the
+    # backward, then the number of sizes saved. ``sub`` exceeds the number of sizes and
+    # ``scale`` the sum of the lower levels. Without symints ``sub`` is 1: costs as before.
+    is_size = [is_sym_node(n) for n in cands]
+    sub = sum(is_size) + 1
+    scale = (max(problem.dist.values()) + 2) * (len(cands) + 1) * sub
     allowed = set(allow_recompute)
     forbidden = set(forbid_recompute)
     demanded = problem.demanded
@@ -174,6 +187,7 @@ def solve(
         )
         size = problem.nbytes[n]
         tiebreak = 0 if prefer_inputs and n.op == "placeholder" else problem.dist[n] + 1
+        tiebreak = tiebreak * sub + is_size[i]
         cap = None if size is None else size * scale + tiebreak
         if n in demanded:
             sink_side_out.add(i)

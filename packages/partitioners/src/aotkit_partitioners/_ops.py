@@ -11,6 +11,10 @@
 #   tensor some op mutates (a recomputation would read the mutated value);
 # * allowed: pointwise ops, views, getitem, symbolic-size arithmetic, factory ops and a short
 #   list of cheap data movement and reductions.
+# * sizes: a size query the forward makes (``sym_size(x, 0)``, ``sym_stride``, ``sym_numel``)
+#   is handed to the backward rather than asked again of a saved ``x``, as torch's
+#   partitioners and our default partitioner do (saving it costs no tensor memory, so this
+#   never makes a cut save more bytes). Arithmetic on sizes may still be recomputed.
 #
 # Activation-checkpointing tags (``meta['recompute']``) override the list: a node tagged
 # MUST/PREFER_RECOMPUTE is never saved and may be recomputed even if compute-heavy, one
@@ -109,6 +113,14 @@ def is_compute_intensive(node: torch.fx.Node) -> bool:
     return packet(node) in COMPUTE_INTENSIVE
 
 
+_SIZE_QUERIES = _packets(aten, "sym_size sym_stride sym_numel sym_storage_offset")
+
+
+def is_size_query(node: torch.fx.Node) -> bool:
+    """A symbolic scalar read off a tensor's metadata (``x.size(0)``, ``x.numel()``)."""
+    return node.op == "call_function" and packet(node) in _SIZE_QUERIES and is_sym_node(node)
+
+
 def is_pointwise(node: torch.fx.Node) -> bool:
     return torch.Tag.pointwise in _tags(node)
 
@@ -179,6 +191,8 @@ def ban_reason(node: torch.fx.Node, reads_mutated: bool) -> str | None:
         return "checkpoint policy PREFER_SAVE"
     if must_recompute(node):
         return None
+    if is_size_query(node):
+        return "size the forward computes"
     if is_compute_intensive(node):
         return "compute intensive"
     if not is_allowlisted(node):
