@@ -194,16 +194,21 @@ def compile_flat(
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     layout = compute_input_layout(flat_args)
     with explain_tracing_errors(), _tracing_context(fake_mode, shape_env is not None):
-        single = _single_pass(flat_fn, flat_args, layout, cfg, fake_mode, shape_env)
-        if isinstance(single, tuple):
+        fake_args: list[Any] | None = None
+        single = None
+        if _single_pass_applies(flat_args, layout, cfg, shape_env):
+            fake_args = _fakify(flat_args, layout, cfg, fake_mode, shape_env)
+            single = _try_single_pass(flat_fn, fake_args, layout, cfg)
+        if single is not None and fake_args is not None:
             # See Note [Single-pass joint trace]
-            meta, fake, traced_fn, fw_outs, traced = single
+            meta, traced_fn, fw_outs, traced = single
+            fake = fake_args
             artifacts = CompiledArtifacts(meta=meta, layout=layout, single_pass=True)
             relative = _relative_offsets(meta, fake, fw_outs)
             call = _compile_training(traced_fn, fake, meta, cfg, artifacts, traced=traced)
         else:
             call, artifacts, meta, layout, fake, relative = _compile_two_pass(
-                flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args=single
+                flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args
             )
     return _finish(call, artifacts, meta, layout, cfg, fake, flat_args, shape_env, relative)
 
@@ -256,21 +261,13 @@ def _compile_two_pass(
     return call, artifacts, meta, layout, fake, relative
 
 
-def _single_pass(
-    flat_fn: FlatFn,
-    flat_args: Sequence[Any],
-    layout: InputLayout,
-    cfg: AOTConfig,
-    fake_mode: FakeTensorMode,
-    shape_env: Any,
-) -> tuple[ViewAndMutationMeta, list[Any], FlatFn, list[Any], tuple[Any, list[Any]]] | list[Any] | None:
-    """Metadata and joint graph from one trace; otherwise the fake inputs it made (a
-    list), or None, for the two-pass flow.
-
-    See Note [Single-pass joint trace]: only for training calls (grad mode on, an input
-    requiring grad) with static shapes and no duplicated or aliased inputs, outside export.
-    """
-    if (
+def _single_pass_applies(
+    flat_args: Sequence[Any], layout: InputLayout, cfg: AOTConfig, shape_env: Any
+) -> bool:
+    """Whether to try Note [Single-pass joint trace]: training calls (grad mode on, an
+    input requiring grad) with static shapes and no duplicated or aliased inputs, outside
+    export."""
+    return not (
         shape_env is not None
         or cfg.is_export
         or not layout.is_trivial
@@ -282,17 +279,23 @@ def _single_pass(
             isinstance(a, torch.Tensor) and not a.requires_grad
             for a in flat_args[: cfg.num_params_buffers]
         )
-    ):
-        return None
+    )
+
+
+def _try_single_pass(
+    flat_fn: FlatFn, fake_args: list[Any], layout: InputLayout, cfg: AOTConfig
+) -> tuple[ViewAndMutationMeta, FlatFn, list[Any], tuple[torch.fx.GraphModule, list[Any]]] | None:
+    """(metadata, traced function, forward outputs, (joint, joint inputs)) from one
+    trace, or None for the two-pass flow. See Note [Single-pass joint trace]."""
     traced_fn = layout.wrap_for_tracing(flat_fn)
-    fake = _fakify(flat_args, layout, cfg, fake_mode, shape_env)
     try:
         joint, joint_inputs, meta, fw_outs = trace_single_pass(
-            traced_fn, fake, cfg.decompositions, static_input_indices=cfg.static_input_indices or ()
+            traced_fn, fake_args, cfg.decompositions,
+            static_input_indices=cfg.static_input_indices or (),
         )
     except Exception:  # NotSinglePass, or an error the two-pass flow reports in its own way
-        return fake
-    return meta, fake, traced_fn, fw_outs, (joint, joint_inputs)
+        return None
+    return meta, traced_fn, fw_outs, (joint, joint_inputs)
 
 
 def _finish(
