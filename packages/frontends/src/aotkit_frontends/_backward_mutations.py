@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from aotkit_functional import has_metadata_mutation
 from aotkit_schemas import ViewAndMutationMeta
 
@@ -33,25 +32,6 @@ BACKWARD_TANGENT_METADATA_MUTATION = (
     "Found an input to the backward that had metadata mutated during the backward pass. "
     "This is not supported"
 )
-
-
-def _is_native_functional(t: torch.Tensor) -> bool:
-    check: Any = getattr(torch, "_is_functional_tensor")  # noqa: B009 (no type stub)
-    return bool(check(t))
-
-
-def _metadata_changed(after: Any, before: Any) -> bool:
-    if not isinstance(after, torch.Tensor) or not isinstance(before, torch.Tensor):
-        return False
-    if has_metadata_mutation(after, before):
-        return True
-    if not _is_native_functional(after) or after.layout is not torch.strided:
-        return False
-    return not (
-        after.shape == before.shape
-        and after.stride() == before.stride()
-        and after.storage_offset() == before.storage_offset()
-    )
 
 
 def check_backward_mutations(
@@ -66,8 +46,8 @@ def check_backward_mutations(
     wrappers after the forward and backward ran. See Note [Metadata mutations in the
     backward]."""
     for before, after, info in zip(primals, f_primals, meta.input_info, strict=True):
-        if not info.mutates_metadata and _metadata_changed(after, before):
+        if not info.mutates_metadata and has_metadata_mutation(after, before):
             raise AssertionError(BACKWARD_INPUT_METADATA_MUTATION)
     for before, after in zip(tangents, f_tangents, strict=True):
-        if _metadata_changed(after, before):
+        if has_metadata_mutation(after, before):
             raise AssertionError(BACKWARD_TANGENT_METADATA_MUTATION)

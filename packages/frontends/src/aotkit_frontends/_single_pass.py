@@ -37,7 +37,7 @@ import torch.utils._pytree as pytree
 from aotkit_functional import (
     from_native_functional,
     has_internal_overlap,
-    native_input_was_changed,
+    input_was_changed,
     natively_functionalized,
     needs_python_functionalization,
     storage_ref,
@@ -194,7 +194,7 @@ def trace_single_pass(
                 outs = list(flat_fn(*f_primals))
             if not torch.is_grad_enabled():
                 raise NotSinglePass("the function changed grad mode")
-            if any(native_input_was_changed(p) for p in f_primals):
+            if any(input_was_changed(fp, p) for fp, p in zip(f_primals, primals, strict=True)):
                 raise NotSinglePass("the function mutates an input")
             _check_plain_outputs(f_primals, outs)
             positions = [
@@ -212,7 +212,10 @@ def trace_single_pass(
                 [p for _, p in diff_inputs],
             )
             stale_tangents.update(failed)
-            if any(native_input_was_changed(t) for t in (*f_primals, *f_tangents)):
+            if any(
+                input_was_changed(f, a)
+                for f, a in zip((*f_primals, *f_tangents), (*primals, *tangents), strict=True)
+            ):
                 # a custom backward mutated a saved input or a tangent: the two-pass flow
                 # raises torch's error (Note [Metadata mutations in the backward])
                 raise NotSinglePass("the backward mutates an input")

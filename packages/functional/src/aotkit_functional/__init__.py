@@ -15,13 +15,13 @@ from ._wrap import functionalized as functionalized
 from ._wrap import has_data_mutation as has_data_mutation
 from ._wrap import has_metadata_mutation as has_metadata_mutation
 from ._wrap import has_storage_mutation as has_storage_mutation
+from ._wrap import input_was_changed as input_was_changed
 from ._wrap import is_functional as is_functional
 from ._wrap import is_multi_output_view as is_multi_output_view
 from ._wrap import mutations_hidden_from_autograd as mutations_hidden_from_autograd
 from ._wrap import (
     mutations_under_no_grad_or_inference_mode as mutations_under_no_grad_or_inference_mode,
 )
-from ._wrap import native_input_was_changed as native_input_was_changed
 from ._wrap import natively_functionalized as natively_functionalized
 from ._wrap import storage_ref as storage_ref
 from ._wrap import storage_was_changed as storage_was_changed
@@ -39,12 +39,12 @@ __all__ = [
     "has_internal_overlap",
     "has_metadata_mutation",
     "has_storage_mutation",
+    "input_was_changed",
     "is_functional",
     "is_multi_output_view",
     "mutable_ops_in_graph",
     "mutations_hidden_from_autograd",
     "mutations_under_no_grad_or_inference_mode",
-    "native_input_was_changed",
     "natively_functionalized",
     "needs_python_functionalization",
     "regenerate_alias",

@@ -1,7 +1,8 @@
 """Moving tensors into and out of functionalization, and asking what happened to them.
 
-All helpers take a FunctionalTensor produced by ``to_functional`` inside an active
-``FunctionalTensorMode`` (see ``functionalized``).
+The query helpers take a FunctionalTensor produced by ``to_functional`` inside an active
+``FunctionalTensorMode`` (see ``functionalized``) or a native wrapper produced by
+``to_native_functional`` (See Note [Native functionalization]).
 """
 
 from __future__ import annotations
@@ -59,36 +60,44 @@ def storage_ref(t: torch.Tensor) -> int:
     return handle
 
 
+def _wrapper_of(f_arg: Any) -> torch.Tensor | None:
+    """The C++ FunctionalTensorWrapper behind a functional tensor of either kind (torch's
+    Python FunctionalTensor or a native wrapper, See Note [Native functionalization])."""
+    if isinstance(f_arg, FunctionalTensor):
+        return f_arg.elem
+    if isinstance(f_arg, torch.Tensor) and _bindings.is_functional_wrapper(f_arg):
+        return f_arg
+    return None
+
+
 def has_data_mutation(f_arg: Any) -> bool:
-    if not isinstance(f_arg, FunctionalTensor):
+    w = _wrapper_of(f_arg)
+    if w is None:
         return False
-    _bindings.sync(f_arg)
-    return bool(_bindings.has_data_mutation(f_arg.elem))
+    _bindings.sync(w)
+    return bool(_bindings.has_data_mutation(w))
 
 
 def mutations_hidden_from_autograd(f_arg: Any) -> bool:
     """True when every mutation of the input happened under ``.data`` or similar."""
-    if not isinstance(f_arg, FunctionalTensor):
-        return False
-    return bool(_bindings.all_mutations_hidden_from_autograd(f_arg.elem))
+    w = _wrapper_of(f_arg)
+    return w is not None and bool(_bindings.all_mutations_hidden_from_autograd(w))
 
 
 def mutations_under_no_grad_or_inference_mode(f_arg: Any) -> bool:
-    if not isinstance(f_arg, FunctionalTensor):
-        return False
-    return bool(
-        _bindings.all_mutations_under_no_grad_or_inference_mode(f_arg.elem)
-    )
+    w = _wrapper_of(f_arg)
+    return w is not None and bool(_bindings.all_mutations_under_no_grad_or_inference_mode(w))
 
 
 def has_storage_mutation(f_arg: Any, arg: Any) -> bool:
     """True when ``set_`` left the input pointing at another storage."""
-    if not isinstance(f_arg, FunctionalTensor) or not isinstance(arg, torch.Tensor):
+    w = _wrapper_of(f_arg)
+    if w is None or not isinstance(arg, torch.Tensor):
         return False
-    _bindings.sync(f_arg)
-    if not _bindings.was_storage_changed(f_arg.elem):
+    _bindings.sync(w)
+    if not _bindings.was_storage_changed(w):
         return False
-    after = _bindings.unwrap_functional(f_arg.elem)
+    after = _bindings.unwrap_functional(w)
     return bool(storage_ref(arg) != storage_ref(after))
 
 
@@ -97,13 +106,14 @@ def has_metadata_mutation(f_arg: Any, arg: Any) -> bool:
 
     Metadata mutations that cancel out (``x.t_(); x.t_()``) do not count.
     """
-    if not isinstance(f_arg, FunctionalTensor) or not isinstance(arg, torch.Tensor):
+    w = _wrapper_of(f_arg)
+    if w is None or not isinstance(arg, torch.Tensor):
         return False
     if has_storage_mutation(f_arg, arg):
         return True
-    if not _bindings.has_metadata_mutation(f_arg.elem):
+    if not _bindings.has_metadata_mutation(w):
         return False
-    after = _bindings.unwrap_functional(f_arg.elem)
+    after = _bindings.unwrap_functional(w)
     return not (
         arg.shape == after.shape
         and arg.stride() == after.stride()
@@ -112,15 +122,13 @@ def has_metadata_mutation(f_arg: Any, arg: Any) -> bool:
 
 
 def is_multi_output_view(t: Any) -> bool:
-    return isinstance(t, FunctionalTensor) and bool(
-        _bindings.is_multi_output_view(t.elem)
-    )
+    w = _wrapper_of(t)
+    return w is not None and bool(_bindings.is_multi_output_view(w))
 
 
 def storage_was_changed(t: Any) -> bool:
-    return isinstance(t, FunctionalTensor) and bool(
-        _bindings.was_storage_changed(t.elem)
-    )
+    w = _wrapper_of(t)
+    return w is not None and bool(_bindings.was_storage_changed(w))
 
 
 # Note [Native functionalization]
@@ -171,14 +179,7 @@ def from_native_functional(value: Any) -> Any:
     return value
 
 
-def native_input_was_changed(f_arg: Any) -> bool:
-    """Whether a C++ FunctionalTensorWrapper input saw any data, metadata or storage
-    mutation (See Note [Native functionalization])."""
-    if not isinstance(f_arg, torch.Tensor) or not _bindings.is_functional_wrapper(f_arg):
-        return False
-    _bindings.sync(f_arg)
-    return bool(
-        _bindings.has_data_mutation(f_arg)
-        or _bindings.has_metadata_mutation(f_arg)
-        or _bindings.was_storage_changed(f_arg)
-    )
+def input_was_changed(f_arg: Any, arg: Any) -> bool:
+    """Whether the functional wrapper ``f_arg`` of input ``arg`` saw a data, metadata or
+    storage mutation (metadata changes that cancel out do not count)."""
+    return has_data_mutation(f_arg) or has_metadata_mutation(f_arg, arg)
