@@ -173,22 +173,13 @@ def _trace_joint(
             f_tangents = [wrap(t) for t in tangents]
             with torch.enable_grad():
                 returns, _ = _forward_returns(flat_fn, f_primals, meta, for_autograd=True)
-                diff_inputs = [
-                    (i, p)
-                    for i, p in enumerate(f_primals)
-                    if isinstance(p, torch.Tensor) and p.requires_grad
-                ]
-                outs_and_grads = [
+                outs_and_tangents = [
                     (k, returns[pos], f_tangents[k])
                     for k, pos in enumerate(tangent_positions)
                     if isinstance(returns[pos], torch.Tensor) and returns[pos].requires_grad
                 ]
-                grads: list[Any] = [None] * len(f_primals)
-                if outs_and_grads and diff_inputs:
-                    computed, failed = input_grads(outs_and_grads, [p for _, p in diff_inputs])
-                    stale_tangents.update(failed)
-                    for (i, _), g in zip(diff_inputs, computed, strict=True):
-                        grads[i] = g
+                grads, failed = primal_grads(outs_and_tangents, f_primals)
+                stale_tangents.update(failed)
             # See Note [Metadata mutations in the backward]
             check_backward_mutations(primals, f_primals, tangents, f_tangents, meta)
             plain_returns = [unwrap(r) for r in returns]
@@ -223,7 +214,26 @@ STALE_TANGENTS_KEY = "aotkit_stale_tangents"
 _STALE_SAVE_ERROR = "modified by an inplace operation"
 
 
-def input_grads(
+def primal_grads(
+    outs_and_tangents: Sequence[tuple[int, torch.Tensor, torch.Tensor]],
+    f_primals: Sequence[Any],
+) -> tuple[list[Any], dict[int, str]]:
+    """Gradients of the outputs for every primal (None where it does not require grad),
+    and the outputs that could not be differentiated (See Note [Backward paths through
+    stale saved values])."""
+    grads: list[Any] = [None] * len(f_primals)
+    diff = [
+        (i, p) for i, p in enumerate(f_primals) if isinstance(p, torch.Tensor) and p.requires_grad
+    ]
+    if not outs_and_tangents or not diff:
+        return grads, {}
+    computed, failed = _input_grads(outs_and_tangents, [p for _, p in diff])
+    for (i, _), g in zip(diff, computed, strict=True):
+        grads[i] = g
+    return grads, failed
+
+
+def _input_grads(
     outs_and_tangents: Sequence[tuple[int, torch.Tensor, torch.Tensor]],
     inputs: Sequence[torch.Tensor],
 ) -> tuple[list[Any], dict[int, str]]:

@@ -60,7 +60,7 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._capture import STALE_TANGENTS_KEY, FlatFn, input_grads, needs_python_mode
+from ._capture import STALE_TANGENTS_KEY, FlatFn, needs_python_mode, primal_grads
 
 
 class NotSinglePass(Exception):
@@ -204,12 +204,8 @@ def trace_single_pass(
                 raise NotSinglePass("no output requires grad")
             tangents = _tangent_placeholders([outs[j] for j in positions])
             f_tangents = [to_native_functional(t) for t in tangents]
-            diff_inputs = [
-                (i, p) for i, p in enumerate(f_primals) if isinstance(p, torch.Tensor) and p.requires_grad
-            ]
-            computed, failed = input_grads(
-                [(k, outs[j], f_tangents[k]) for k, j in enumerate(positions)],
-                [p for _, p in diff_inputs],
+            grads, failed = primal_grads(
+                [(k, outs[j], f_tangents[k]) for k, j in enumerate(positions)], f_primals
             )
             stale_tangents.update(failed)
             if any(
@@ -219,9 +215,6 @@ def trace_single_pass(
                 # a custom backward mutated a saved input or a tangent: the two-pass flow
                 # raises torch's error (Note [Metadata mutations in the backward])
                 raise NotSinglePass("the backward mutates an input")
-            grads: list[Any] = [None] * len(f_primals)
-            for (i, _), g in zip(diff_inputs, computed, strict=True):
-                grads[i] = g
             plain_outs = [from_native_functional(o) for o in outs]
             plain_grads = [from_native_functional(g) if g is not None else None for g in grads]
         found.update(f_primals=f_primals, f_outs=outs, outs=plain_outs, tangents=tangents)

@@ -89,7 +89,7 @@ def make_epilogue(
     ]
     grad_mode_after = meta.grad_enabled_mutation
 
-    if not mutations and not plan and grad_mode_after is None:
+    if not needs_epilogue(meta):
 
         def plain(args: list[Any], returns: Sequence[Any]) -> list[Any]:
             return list(returns[:n_out])
