@@ -30,24 +30,6 @@ TRAINING_CASES = [
 
 
 @contextlib.contextmanager
-def _python_mode_only() -> Iterator[None]:
-    """The two-pass flow (Note [Single-pass joint trace]) with the Python mode."""
-    original = compile_module.trace_joint
-    original_single = compile_module._single_pass_applies
-
-    def forced(*args: Any, native: bool, **kwargs: Any) -> Any:
-        return original(*args, native=False, **kwargs)
-
-    compile_module.trace_joint = forced  # type: ignore[assignment]
-    compile_module._single_pass_applies = lambda *args: False  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        compile_module.trace_joint = original
-        compile_module._single_pass_applies = original_single  # type: ignore[assignment]
-
-
-@contextlib.contextmanager
 def _two_pass_only() -> Iterator[None]:
     """The two-pass flow, with native functionalization where it applies."""
     original_single = compile_module._single_pass_applies
@@ -56,6 +38,22 @@ def _two_pass_only() -> Iterator[None]:
         yield
     finally:
         compile_module._single_pass_applies = original_single  # type: ignore[assignment]
+
+
+@contextlib.contextmanager
+def _python_mode_only() -> Iterator[None]:
+    """The two-pass flow (Note [Single-pass joint trace]) with the Python mode."""
+    original = compile_module.trace_joint
+
+    def forced(*args: Any, native: bool, **kwargs: Any) -> Any:
+        return original(*args, native=False, **kwargs)
+
+    compile_module.trace_joint = forced  # type: ignore[assignment]
+    try:
+        with _two_pass_only():
+            yield
+    finally:
+        compile_module.trace_joint = original
 
 
 def _ops_modulo_detach(gm: torch.fx.GraphModule) -> list[tuple[Any, ...]]:
