@@ -35,6 +35,7 @@ import aotkit_frontends
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from _graph_function_check import checking_compiler
 from aotkit_functional import mutable_ops_in_graph
 from corpus import Call, Case
 from torch._functorch import aot_autograd as torch_aot
@@ -53,6 +54,8 @@ class CompileLog:
     keep_input_mutations: bool
     graphs: list[tuple[str, torch.fx.GraphModule]] = field(default_factory=list)
     impure: list[str] = field(default_factory=list)
+    # "aotkit_graph_function" runs: how the graph function differed from the graph
+    graph_function_problems: list[str] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
         out = {"fw": 0, "bw": 0, "inference": 0}
@@ -60,11 +63,13 @@ class CompileLog:
             out[kind] += 1
         return out
 
-    def compiler(self, kind: str, *, boxed: bool) -> Callable[..., Any]:
+    def compiler(self, kind: str, *, boxed: bool, checked: bool = False) -> Callable[..., Any]:
         def compile_graph(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
             self.graphs.append((kind, gm))
             bad = mutable_ops_in_graph(gm.graph, allow_input_copies=self.keep_input_mutations)
             self.impure.extend(f"{kind}: {b}" for b in bad)
+            if checked:
+                return checking_compiler(gm, self.graph_function_problems, kind)
             if not boxed:
                 return gm  # the nop compiler
 
@@ -273,7 +278,9 @@ def _quiet() -> Iterator[None]:
 
 
 def run_case(case: Case, variant: str) -> Run:
-    """``variant`` is ``eager``, ``aotkit``, ``aotkit_boxed`` or ``torch``."""
+    """``variant`` is ``eager``, ``aotkit``, ``aotkit_boxed``, ``aotkit_graph_function``
+    (nop's calling convention, each graph checked against aotkit's graph function, see
+    ``_graph_function_check``) or ``torch``."""
     torch.manual_seed(MODEL_SEED)
     module: torch.nn.Module | None = case.program() if case.module else None
     program: Callable[..., Any] = module if module is not None else case.program
@@ -283,10 +290,11 @@ def run_case(case: Case, variant: str) -> Run:
     else:
         log = CompileLog(case.keep_inference_input_mutations)
         boxed = variant in ("aotkit_boxed", "torch")
+        checked = variant == "aotkit_graph_function"
         compilers = dict(
-            fw_compiler=log.compiler("fw", boxed=boxed),
-            bw_compiler=log.compiler("bw", boxed=boxed),
-            inference_compiler=log.compiler("inference", boxed=boxed),
+            fw_compiler=log.compiler("fw", boxed=boxed, checked=checked),
+            bw_compiler=log.compiler("bw", boxed=boxed, checked=checked),
+            inference_compiler=log.compiler("inference", boxed=boxed, checked=checked),
             keep_inference_input_mutations=case.keep_inference_input_mutations,
         )
         if variant == "torch":

@@ -12,6 +12,7 @@ def test_all() -> None:
     assert sorted(aotkit_backends.__all__) == [
         "BoxedCallable",
         "InductorUnavailableError",
+        "graph_function",
         "inductor_available",
         "inductor_compiler",
         "inductor_unavailable_reason",

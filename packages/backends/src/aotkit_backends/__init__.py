@@ -9,6 +9,7 @@ from ._boxing import BoxedCallable as BoxedCallable
 from ._boxing import is_boxed as is_boxed
 from ._boxing import make_boxed_compiler as make_boxed_compiler
 from ._boxing import make_boxed_func as make_boxed_func
+from ._fast_graph import graph_function as graph_function
 from ._inductor import InductorUnavailableError as InductorUnavailableError
 from ._inductor import inductor_available as inductor_available
 from ._inductor import inductor_compiler as inductor_compiler
@@ -20,6 +21,7 @@ from ._print import print_compiler as print_compiler
 __all__ = [
     "BoxedCallable",
     "InductorUnavailableError",
+    "graph_function",
     "inductor_available",
     "inductor_compiler",
     "inductor_unavailable_reason",

@@ -9,19 +9,23 @@ import torch.fx
 from aotkit_schemas import mark_unboxed_entry
 
 from ._boxing import BoxedCallable, make_boxed_func
+from ._fast_graph import graph_function
 
 
 def nop(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> BoxedCallable:
-    """Return ``gm`` itself, boxed: the reference compiler for checking accuracy.
+    """Run ``gm`` as it is, boxed: the reference compiler for checking accuracy.
 
-    Same as torch's ``functorch.compile.nop``: the result is ``make_boxed_func(gm)``, so
-    ``nop(gm, inputs)(list(args)) == gm(*args)``. ``example_inputs`` is ignored.
-    When the module has no hooks, the generated ``forward`` is called directly, which
-    skips ``nn.Module.__call__`` on every call.
+    Same contract as torch's ``functorch.compile.nop``: ``nop(gm, inputs)(list(args))``
+    computes ``gm(*args)`` and does not clear the list; ``example_inputs`` is ignored, and
+    ``result.__wrapped__`` is ``gm``. The ops run through ``graph_function(gm)``: the same
+    ATen ops in the same order, each called through its cheapest Python entry point
+    (See Note [Graph functions]). A module with hooks, or a graph the generator does not
+    handle, runs through ``gm`` itself.
     """
     if gm._forward_hooks or gm._forward_pre_hooks:
         return make_boxed_func(gm)
-    boxed = make_boxed_func(gm.forward)
+    fn = graph_function(gm) or gm.forward
+    boxed = make_boxed_func(fn)
     boxed.__wrapped__ = gm  # type: ignore[attr-defined]
-    mark_unboxed_entry(boxed, gm.forward)
+    mark_unboxed_entry(boxed, fn)
     return boxed

@@ -34,6 +34,7 @@ from aotkit_schemas import (
     ViewAndMutationMeta,
     graph_outputs,
     is_boxed,
+    unboxed_entry,
 )
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
@@ -352,7 +353,14 @@ def _compile_inference(
     with track_graph_compiling(cfg, "inference"):
         raw = compiler(gm, fake)
     compiled = as_list_caller(raw)
-    if is_boxed(raw):
+    direct = unboxed_entry(raw)
+    if direct is not None:
+        # (See Note [Boxed calling convention]) no list to copy, no boxing frame
+        def call_direct(args: list[Any]) -> Sequence[Any]:
+            return direct(*args)  # type: ignore[no-any-return]
+
+        compiled = call_direct
+    elif is_boxed(raw):
         # A boxed graph may clear the list it gets (Note [Boxed calling convention]); the
         # epilogue still reads the arguments, so it gets a copy. (The training path's
         # autograd.Function builds its own list.)

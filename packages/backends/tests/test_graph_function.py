@@ -1,0 +1,164 @@
+"""graph_function runs a graph's ATen ops through their cheapest Python calls, and nothing
+else changes: same overloads in the same order, same outputs. See Note [Graph functions]."""
+
+from __future__ import annotations
+
+import math
+import traceback
+import weakref
+from typing import Any
+
+import pytest
+import torch
+import torch.fx
+from aotkit_backends import graph_function, nop
+from aotkit_backends._fast_graph import _NN, _TENSOR_METHODS, _VARIABLE_FUNCTIONS, binding_for
+from aotkit_schemas import unboxed_entry
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+aten = torch.ops.aten
+
+
+# TorchDispatchMode carries no annotations in torch.
+class Recorder(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.ops: list[Any] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        self.ops.append(func)
+        return func(*args, **(kwargs or {}))
+
+
+def _run_both(gm: torch.fx.GraphModule, *args: Any) -> tuple[Any, Any]:
+    fn = graph_function(gm)
+    assert fn is not None
+    with Recorder() as seen_ref:
+        ref = gm(*args)
+    with Recorder() as seen_fast:
+        got = fn(*args)
+    assert seen_fast.ops == seen_ref.ops
+    assert len(seen_ref.ops) > 0
+    return ref, got
+
+
+def _assert_same(ref: Any, got: Any) -> None:
+    assert type(ref) is type(got)
+    for r, g in zip(ref, got, strict=True):
+        if isinstance(r, torch.Tensor):
+            assert (r.shape, r.stride(), r.dtype) == (g.shape, g.stride(), g.dtype)
+            torch.testing.assert_close(g, r, rtol=0, atol=0, equal_nan=True)
+        else:
+            assert r == g
+
+
+def test_every_listed_binding_exists() -> None:
+    for names in (_VARIABLE_FUNCTIONS, _NN, _TENSOR_METHODS):
+        for qualified in names.split():
+            name, overload = qualified.split(".")
+            assert binding_for(getattr(getattr(aten, name), overload)) is not None, qualified
+
+
+def test_known_overloads_run_through_their_bindings() -> None:
+    gm = make_fx(lambda x: [x.sin() + 1])(torch.randn(4))
+    fn = graph_function(gm)
+    assert fn is not None
+    callees = list(fn.__globals__.values())
+    assert any(c is torch._C._VariableFunctions.sin for c in callees)
+    assert any(c is torch._C._VariableFunctions.add for c in callees)
+    x = torch.randn(4)
+    _assert_same(*_run_both(gm, x))
+
+
+def test_many_ops_dispatch_the_same_overloads() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor, idx: torch.Tensor) -> list[torch.Tensor]:
+        a = torch.nn.functional.gelu(x @ w, approximate="tanh")
+        b = a.view(2, 8).t().contiguous().sum(0, keepdim=True)
+        c, d = torch.split(a.flatten(), [3, 13])
+        e = torch.add(x, x, alpha=2.5).to(torch.float64)
+        g = x.index_select(0, idx) * math.inf
+        h = torch.where(x > 0, x, -x).amax(dim=1)
+        return [a, b, c, d, e, g, h, x.new_zeros(3), torch.ones(2, dtype=torch.int32)]
+
+    args = (torch.randn(4, 4), torch.randn(4, 4), torch.tensor([1, 0, 3]))
+    gm = make_fx(f)(*args)
+    _assert_same(*_run_both(gm, *args))
+
+
+def test_arguments_the_binding_would_read_differently_use_the_raw_handle() -> None:
+    # torch.clone names its first argument ``input``; a graph may pass ``self=`` by keyword
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    graph.output((graph.call_function(aten.clone.default, (), {"self": x}),))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    fn = graph_function(gm)
+    assert fn is not None
+    assert any(c is aten.clone.default._op for c in fn.__globals__.values())
+    t = torch.randn(2)
+    with Recorder() as seen:
+        (out,) = fn(t)
+    assert seen.ops == [aten.clone.default]
+    assert torch.equal(out, t) and out is not t
+
+
+def test_tensor_constants_and_odd_arguments() -> None:
+    c = torch.arange(4.0)
+    gm = make_fx(lambda x: [x + c, x * float("nan"), x.to(torch.float16)])(torch.randn(4))
+    assert any(n.op == "get_attr" for n in gm.graph.nodes)
+    _assert_same(*_run_both(gm, torch.randn(4)))
+
+
+def test_dead_values_are_dropped() -> None:
+    gm = make_fx(lambda x: [x.sin().cos().exp()])(torch.randn(3))
+    fn = graph_function(gm)
+    assert fn is not None
+    refs: list[weakref.ref[torch.Tensor]] = []
+
+    class KeepRefs(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            refs.append(weakref.ref(out))
+            return out
+
+    x = torch.randn(3)
+    with KeepRefs():  # type: ignore[no-untyped-call]
+        (out,) = fn(x)
+    # the sin and cos results are gone once the function returns; only the output lives
+    assert [r() is not None for r in refs] == [False, False, True]
+    assert refs[2]() is out
+
+
+def test_graphs_it_does_not_handle_keep_gm() -> None:
+    inner = torch.nn.Linear(2, 2)
+    gm = torch.fx.symbolic_trace(torch.nn.Sequential(inner))
+    assert any(n.op == "call_module" for n in gm.graph.nodes)
+    assert graph_function(gm) is None
+    compiled = nop(gm, [])
+    assert unboxed_entry(compiled) == gm.forward
+    x = torch.randn(1, 2)
+    torch.testing.assert_close(compiled([x]), inner(x))
+
+    with_pytree = make_fx(lambda d: [d["a"] + 1])({"a": torch.randn(2)})
+    assert graph_function(with_pytree) is None
+
+
+def test_nop_runs_the_graph_function() -> None:
+    gm = make_fx(lambda x: [x.sin() + 1])(torch.randn(4))
+    compiled = nop(gm, [])
+    direct = unboxed_entry(compiled)
+    assert direct is not None and direct.__name__ == "aotkit_graph_function"
+    x = torch.randn(4)
+    args = [x]
+    torch.testing.assert_close(compiled(args)[0], x.sin() + 1)
+    assert args == [x]  # nop does not clear the list
+
+
+def test_errors_point_at_the_generated_line() -> None:
+    gm = make_fx(lambda x, y: [x @ y])(torch.randn(2, 3), torch.randn(3, 2))
+    fn = graph_function(gm)
+    assert fn is not None
+    with pytest.raises(RuntimeError) as info:
+        fn(torch.randn(2, 3), torch.randn(2, 2))
+    text = "".join(traceback.format_exception(info.value))
+    assert "aotkit graph function" in text and "_f" in text
