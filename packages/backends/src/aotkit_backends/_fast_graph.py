@@ -96,19 +96,31 @@ def _is_tensor_type(t: Any) -> bool:
     return isinstance(t, torch.TensorType)
 
 
+# per overload: (position, name) of its Tensor arguments, or None when numbers are fine there
+_tensor_args: dict[torch._ops.OpOverload, tuple[tuple[int, str], ...] | None] = {}
+
+
 def _binding_fits(op: torch._ops.OpOverload, node: torch.fx.Node) -> bool:
     """Whether the binding is sure to pick ``op`` for ``node``'s arguments."""
-    if "self" in node.kwargs:
+    kwargs = node.kwargs
+    if "self" in kwargs:
         return False
-    if f"{op._opname}.{op._overloadname}" in _NUMBER_AS_TENSOR_OK:
+    try:
+        tensor_args = _tensor_args[op]
+    except KeyError:
+        tensor_args = _tensor_args[op] = (
+            None
+            if f"{op._opname}.{op._overloadname}" in _NUMBER_AS_TENSOR_OK
+            else tuple(
+                (i, a.name) for i, a in enumerate(op._schema.arguments) if _is_tensor_type(a.type)
+            )
+        )
+    if tensor_args is None:
         return True
-    by_name = dict(node.kwargs)
-    schema_args = op._schema.arguments
-    for arg, value in zip(schema_args, node.args, strict=False):
-        by_name[arg.name] = value
-    for arg in schema_args:
-        value = by_name.get(arg.name)
-        if _is_tensor_type(arg.type) and not (value is None or isinstance(value, torch.fx.Node)):
+    args = node.args
+    for i, name in tensor_args:
+        value = args[i] if i < len(args) else kwargs.get(name)
+        if not (value is None or isinstance(value, torch.fx.Node)):
             return False
     return True
 
