@@ -1,6 +1,7 @@
 """aotkit_analysis: the functionalized metadata pass and input/output analysis."""
 
 from ._collect_metadata import collect_metadata as collect_metadata
+from ._collect_metadata import input_alias_info as input_alias_info
 from ._input_layout import AliasedMember as AliasedMember
 from ._input_layout import InputLayout as InputLayout
 from ._input_layout import MemberEffects as MemberEffects
@@ -14,4 +15,5 @@ __all__ = [
     "SyntheticBaseGroup",
     "collect_metadata",
     "compute_input_layout",
+    "input_alias_info",
 ]

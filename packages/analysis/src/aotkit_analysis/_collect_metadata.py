@@ -49,9 +49,11 @@ def _dynamic_dims(t: torch.Tensor) -> frozenset[int]:
     return frozenset(i for i, s in enumerate(t.shape) if not isinstance(s, int))
 
 
-def _input_info(
+def input_alias_info(
     arg: Any, f_arg: Any, *, keep_input_mutations: bool
 ) -> InputAliasInfo:
+    """What the function did to input ``arg``, read off its functional twin ``f_arg`` (a
+    Python FunctionalTensor or a native wrapper) after the function ran."""
     storage = has_storage_mutation(f_arg, arg)
     data = has_data_mutation(f_arg) and not storage
     metadata = has_metadata_mutation(f_arg, arg)
@@ -117,7 +119,7 @@ def collect_metadata(
         # Everything below stays inside the mode: reading ``grad_fn`` of a view whose base
         # was mutated regenerates the view, which dispatches on FunctionalTensors.
         input_info = [
-            _input_info(a, fa, keep_input_mutations=keep_input_mutations)
+            input_alias_info(a, fa, keep_input_mutations=keep_input_mutations)
             for a, fa in zip(flat_args, f_args, strict=True)
         ]
         output_info, intermediate_bases = _classify_outputs(f_args, f_outs)

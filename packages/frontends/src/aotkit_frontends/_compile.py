@@ -274,12 +274,6 @@ def _single_pass_applies(
         or not layout.is_trivial
         or not torch.is_grad_enabled()
         or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args)
-        # module state that does not require grad is mostly BatchNorm's running stats,
-        # which the single pass would only abandon (the op needs the Python mode)
-        or any(
-            isinstance(a, torch.Tensor) and not a.requires_grad
-            for a in flat_args[: cfg.num_params_buffers]
-        )
     )
 
 

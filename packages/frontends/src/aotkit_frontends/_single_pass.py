@@ -14,30 +14,45 @@
 # The result is the graph the two-pass flow produces (same nodes, same names, same
 # calling convention: placeholders ``primals_*`` then ``tangents_*``).
 #
+# Module state updated in training (BatchNorm's running stats and ``num_batches_tracked``)
+# is covered too: an input that does not require grad and whose data the function writes
+# is a mutated input exactly as the metadata pass would record it (``input_alias_info``
+# on its functional twin), and its new value is returned first, before the outputs
+# (Note [Forward graph calling convention]). ``torch.batch_norm`` itself is intercepted
+# above autograd and called as the op torch's Python dispatcher decomposes
+# ``native_batch_norm`` to (``_native_batch_norm_legit``, whose schema declares the
+# running-stat writes), because native_batch_norm's own schema hides them from the C++
+# Functionalize key.
+#
 # Whatever breaks the assumptions raises ``NotSinglePass`` and the caller falls back to
 # the two-pass flow, which then reports user errors with its own checks:
 #   * an op the Python mode treats differently (custom ops, HOPs, native_batch_norm, ...),
 #     seen by a dispatch mode under the Functionalize key, or left in the graph;
 #   * an in-place op on a tensor whose elements overlap (an expanded view): eager raises,
 #     functionalization would not;
-#   * any input mutated (data, metadata, storage), any output that is a view, an input, a
-#     repeat of another output or shares another tensor's storage;
+#   * an input mutated other than in its data, or one that requires grad (the two-pass
+#     flow's clone-before-mutate), any output that is a view, an input, a repeat of another
+#     output or shares another tensor's storage;
 #   * grad mode changed, no output requiring grad (an inference program), no input that
 #     requires grad.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from aotkit_analysis import input_alias_info
 from aotkit_functional import (
     from_native_functional,
     has_internal_overlap,
+    has_metadata_mutation,
     input_was_changed,
+    mutation_count,
     natively_functionalized,
     needs_python_functionalization,
     storage_ref,
@@ -46,6 +61,7 @@ from aotkit_functional import (
 from aotkit_schemas import (
     DecompositionTable,
     InputAliasInfo,
+    MutationType,
     OutputAliasInfo,
     OutputType,
     ViewAndMutationMeta,
@@ -114,6 +130,94 @@ class _OverlapGuard(TorchFunctionMode):  # type: ignore[misc]
         return func(*args, **kwargs)
 
 
+class _BatchNormAsLegit(TorchFunctionMode):  # type: ignore[misc]
+    """Runs ``F.batch_norm`` and ``torch.batch_norm`` as the ``_native_batch_norm_legit``
+    op family, whose schemas declare the running-stat writes. See Note [Single-pass joint
+    trace]."""
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.nn.functional.batch_norm:
+            bound = _F_BATCH_NORM.bind(*args, **kwargs)
+            bound.apply_defaults()
+            a = bound.arguments
+            if a["training"]:
+                torch.nn.functional._verify_batch_size(a["input"].size())  # type: ignore[attr-defined]
+            return _legit_batch_norm(
+                a["input"], a["weight"], a["bias"], a["running_mean"], a["running_var"],
+                a["training"], a["momentum"], a["eps"],
+            )
+        if func is torch.batch_norm and not kwargs:
+            return _legit_batch_norm(*args[:8])
+        return func(*args, **kwargs)
+
+
+_F_BATCH_NORM = inspect.signature(torch.nn.functional.batch_norm)
+
+
+def _legit_batch_norm(
+    x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
+    training: bool, momentum: float, eps: float,
+) -> Any:
+    """``torch.batch_norm``'s output, computed with the op torch's Python dispatcher
+    decomposes native_batch_norm to."""
+    aten = torch.ops.aten
+    if running_mean is None and running_var is None:
+        return aten._native_batch_norm_legit.no_stats(x, weight, bias, training, momentum, eps)[0]
+    if running_mean is None or running_var is None:
+        # native_batch_norm raises its own error (and the op gate abandons the single pass)
+        return torch.batch_norm(
+            x, weight, bias, running_mean, running_var, training, momentum, eps, False
+        )
+    if training:
+        return aten._native_batch_norm_legit.default(
+            x, weight, bias, running_mean, running_var, training, momentum, eps
+        )[0]
+    return aten._native_batch_norm_legit_no_training.default(
+        x, weight, bias, running_mean, running_var, momentum, eps
+    )[0]
+
+
+def _mutated_inputs(primals: Sequence[Any], f_primals: Sequence[Any]) -> list[InputAliasInfo]:
+    """Every input's InputAliasInfo; raises NotSinglePass unless each mutation is a data
+    write to an input that does not require grad."""
+    infos = []
+    for p, fp in zip(primals, f_primals, strict=True):
+        if not isinstance(p, torch.Tensor):
+            infos.append(input_alias_info(p, fp, keep_input_mutations=False))
+            continue
+        if not input_was_changed(fp, p):
+            infos.append(_UNCHANGED_TENSOR[bool(p.is_leaf), bool(fp.requires_grad)])
+            continue
+        info = input_alias_info(p, fp, keep_input_mutations=False)
+        if info.mutates_metadata or info.mutates_storage_metadata or info.requires_grad:
+            raise NotSinglePass("the function mutates an input in a way the two-pass flow handles")
+        infos.append(info)
+    return infos
+
+
+_UNCHANGED_TENSOR = {
+    (is_leaf, requires_grad): InputAliasInfo(
+        is_leaf=is_leaf,
+        mutates_data=False,
+        mutates_metadata=False,
+        mutations_hidden_from_autograd=False,
+        mutations_under_no_grad_or_inference_mode=False,
+        mutates_storage_metadata=False,
+        requires_grad=requires_grad,
+        keep_input_mutations=False,
+    )
+    for is_leaf in (False, True)
+    for requires_grad in (False, True)
+}
+
+
 def _check_plain_outputs(f_primals: Sequence[Any], outs: Sequence[Any]) -> None:
     storages = {storage_ref(p) for p in f_primals if isinstance(p, torch.Tensor)}
     for o in outs:
@@ -126,25 +230,11 @@ def _check_plain_outputs(f_primals: Sequence[Any], outs: Sequence[Any]) -> None:
 
 
 def _meta(
-    fake_args: Sequence[Any],
-    f_primals: Sequence[Any],
+    inputs: list[InputAliasInfo],
     outs: Sequence[Any],
     tangents: Sequence[torch.Tensor],
     static_input_indices: Sequence[int],
 ) -> ViewAndMutationMeta:
-    inputs = [
-        InputAliasInfo(
-            is_leaf=isinstance(a, torch.Tensor) and a.is_leaf,
-            mutates_data=False,
-            mutates_metadata=False,
-            mutations_hidden_from_autograd=False,
-            mutations_under_no_grad_or_inference_mode=False,
-            mutates_storage_metadata=False,
-            requires_grad=isinstance(fa, torch.Tensor) and fa.requires_grad,
-            keep_input_mutations=False,
-        )
-        for a, fa in zip(fake_args, f_primals, strict=True)
-    ]
     outputs = [
         OutputAliasInfo(
             OutputType.non_alias,
@@ -190,12 +280,11 @@ def trace_single_pass(
     def joint(primals: list[Any]) -> list[Any]:
         with natively_functionalized():
             f_primals = [to_native_functional(p) for p in primals]
-            with _OverlapGuard(), _NativeOpGate():  # type: ignore[no-untyped-call]
+            with _OverlapGuard(), _BatchNormAsLegit(), _NativeOpGate():  # type: ignore[no-untyped-call]
                 outs = list(flat_fn(*f_primals))
             if not torch.is_grad_enabled():
                 raise NotSinglePass("the function changed grad mode")
-            if any(input_was_changed(fp, p) for fp, p in zip(f_primals, primals, strict=True)):
-                raise NotSinglePass("the function mutates an input")
+            input_info = _mutated_inputs(primals, f_primals)
             _check_plain_outputs(f_primals, outs)
             positions = [
                 j for j, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad
@@ -204,20 +293,27 @@ def trace_single_pass(
                 raise NotSinglePass("no output requires grad")
             tangents = _tangent_placeholders([outs[j] for j in positions])
             f_tangents = [to_native_functional(t) for t in tangents]
+            writes_after_forward = [mutation_count(fp) for fp in f_primals]
             grads, failed = primal_grads(
                 [(k, outs[j], f_tangents[k]) for k, j in enumerate(positions)], f_primals
             )
             stale_tangents.update(failed)
             if any(
-                input_was_changed(f, a)
-                for f, a in zip((*f_primals, *f_tangents), (*primals, *tangents), strict=True)
-            ):
+                mutation_count(fp) != n or has_metadata_mutation(fp, p)
+                for fp, p, n in zip(f_primals, primals, writes_after_forward, strict=True)
+            ) or any(input_was_changed(f, t) for f, t in zip(f_tangents, tangents, strict=True)):
                 # a custom backward mutated a saved input or a tangent: the two-pass flow
                 # raises torch's error (Note [Metadata mutations in the backward])
                 raise NotSinglePass("the backward mutates an input")
-            plain_outs = [from_native_functional(o) for o in outs]
+            # See Note [Forward graph calling convention]: mutated inputs' new values first
+            mutated = [
+                fp
+                for fp, info in zip(f_primals, input_info, strict=True)
+                if info.mutation_type is MutationType.MUTATED_OUT_GRAPH
+            ]
+            plain_outs = [from_native_functional(o) for o in (*mutated, *outs)]
             plain_grads = [from_native_functional(g) if g is not None else None for g in grads]
-        found.update(f_primals=f_primals, f_outs=outs, outs=plain_outs, tangents=tangents)
+        found.update(input_info=input_info, f_outs=outs, outs=plain_outs, tangents=tangents)
         return [*plain_outs, *plain_grads]
 
     primals = list(fake_args)
@@ -231,7 +327,7 @@ def trace_single_pass(
         raise NotSinglePass("the traced graph keeps an op the Python mode rewrites")
     tangents: list[torch.Tensor] = found["tangents"]
     _move_tangents_after_primals(gm, primals, tangents)
-    meta = _meta(fake_args, found["f_primals"], found["f_outs"], tangents, static_input_indices)
+    meta = _meta(found["input_info"], found["f_outs"], tangents, static_input_indices)
     # See Note [Backward paths through stale saved values] in _capture
     gm.meta[STALE_TANGENTS_KEY] = stale_tangents
     return gm, [primals, tangents], meta, list(found["outs"])

@@ -18,6 +18,7 @@ from ._wrap import has_storage_mutation as has_storage_mutation
 from ._wrap import input_was_changed as input_was_changed
 from ._wrap import is_functional as is_functional
 from ._wrap import is_multi_output_view as is_multi_output_view
+from ._wrap import mutation_count as mutation_count
 from ._wrap import mutations_hidden_from_autograd as mutations_hidden_from_autograd
 from ._wrap import (
     mutations_under_no_grad_or_inference_mode as mutations_under_no_grad_or_inference_mode,
@@ -43,6 +44,7 @@ __all__ = [
     "is_functional",
     "is_multi_output_view",
     "mutable_ops_in_graph",
+    "mutation_count",
     "mutations_hidden_from_autograd",
     "mutations_under_no_grad_or_inference_mode",
     "natively_functionalized",

@@ -28,6 +28,7 @@ all_mutations_hidden_from_autograd: Callable[[torch.Tensor], bool] = _binding(
 all_mutations_under_no_grad_or_inference_mode: Callable[[torch.Tensor], bool] = _binding(
     "_functionalize_are_all_mutations_under_no_grad_or_inference_mode"
 )
+mutation_counter: Callable[[torch.Tensor], int] = _binding("_functionalize_mutation_counter")
 was_storage_changed: Callable[[torch.Tensor], bool] = _binding(
     "_functionalize_was_storage_changed"
 )

@@ -78,6 +78,17 @@ def has_data_mutation(f_arg: Any) -> bool:
     return bool(_bindings.has_data_mutation(w))
 
 
+def mutation_count(f_arg: Any) -> int:
+    """How many data mutations the functional wrapper of ``f_arg`` has seen so far (0 for a
+    tensor that is not functional): compare two readings to see whether code in between
+    wrote to it."""
+    w = _wrapper_of(f_arg)
+    if w is None:
+        return 0
+    _bindings.sync(w)
+    return int(_bindings.mutation_counter(w))
+
+
 def mutations_hidden_from_autograd(f_arg: Any) -> bool:
     """True when every mutation of the input happened under ``.data`` or similar."""
     w = _wrapper_of(f_arg)
