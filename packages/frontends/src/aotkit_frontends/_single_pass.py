@@ -100,40 +100,12 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         return func(*args, **(kwargs or {}))
 
 
-class _OverlapGuard(TorchFunctionMode):  # type: ignore[misc]
-    """Stops at an in-place call (``x.add_``, ``x += y``, ``out=``, ``x[i] = v``) that
-    writes to a tensor whose elements share memory."""
-
-    def __torch_function__(
-        self,
-        func: Any,
-        types: Sequence[type],
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        writes = (
-            (name.endswith("_") and not name.endswith("__"))
-            or name.startswith("__i")
-            or name == "__setitem__"
-        )
-        targets: list[Any] = []
-        if writes and args:
-            targets.append(args[0])
-        if "out" in kwargs:
-            out = kwargs["out"]
-            targets.extend(out if isinstance(out, (tuple, list)) else (out,))
-        for t in targets:
-            if isinstance(t, torch.Tensor) and has_internal_overlap(t):
-                raise NotSinglePass("an in-place write to overlapping memory")
-        return func(*args, **kwargs)
-
-
-class _BatchNormAsLegit(TorchFunctionMode):  # type: ignore[misc]
-    """Runs ``F.batch_norm`` and ``torch.batch_norm`` as the ``_native_batch_norm_legit``
-    op family, whose schemas declare the running-stat writes. See Note [Single-pass joint
-    trace]."""
+class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
+    """One torch-function layer for the single pass (See Note [Single-pass joint trace]):
+      * stops at an in-place call (``x.add_``, ``x += y``, ``out=``, ``x[i] = v``) that
+        writes to a tensor whose elements share memory;
+      * runs ``F.batch_norm`` and ``torch.batch_norm`` as the ``_native_batch_norm_legit``
+        op family, whose schemas declare the running-stat writes."""
 
     def __torch_function__(
         self,
@@ -155,6 +127,21 @@ class _BatchNormAsLegit(TorchFunctionMode):  # type: ignore[misc]
             )
         if func is torch.batch_norm and not kwargs:
             return _legit_batch_norm(*args[:8])
+        name = getattr(func, "__name__", "")
+        writes = (
+            (name.endswith("_") and not name.endswith("__"))
+            or name.startswith("__i")
+            or name == "__setitem__"
+        )
+        targets: list[Any] = []
+        if writes and args:
+            targets.append(args[0])
+        if "out" in kwargs:
+            out = kwargs["out"]
+            targets.extend(out if isinstance(out, (tuple, list)) else (out,))
+        for t in targets:
+            if isinstance(t, torch.Tensor) and has_internal_overlap(t):
+                raise NotSinglePass("an in-place write to overlapping memory")
         return func(*args, **kwargs)
 
 
@@ -280,7 +267,7 @@ def trace_single_pass(
     def joint(primals: list[Any]) -> list[Any]:
         with natively_functionalized():
             f_primals = [to_native_functional(p) for p in primals]
-            with _OverlapGuard(), _BatchNormAsLegit(), _NativeOpGate():  # type: ignore[no-untyped-call]
+            with _FunctionGate(), _NativeOpGate():  # type: ignore[no-untyped-call]
                 outs = list(flat_fn(*f_primals))
             if not torch.is_grad_enabled():
                 raise NotSinglePass("the function changed grad mode")
