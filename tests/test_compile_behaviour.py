@@ -163,3 +163,40 @@ def test_a_compiled_forward_that_fails_at_run_time_leaves_inputs_unmutated() -> 
         g(x, y)
     torch.testing.assert_close(x, before, rtol=0, atol=0)
     assert not x.requires_grad
+
+
+# ---- lazy GraphModules for compilers that read only the graph ---------------------------
+
+
+def test_graphs_for_aotkit_nop_are_built_lazily_and_others_are_not() -> None:
+    # See Note [Compilers that read only the graph] in aotkit_schemas
+    from aotkit_backends import nop as aotkit_nop
+    from torch.fx._lazy_graph_module import _LazyGraphModule
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sin().cos()
+
+    x = torch.randn(4, requires_grad=True)
+    lazy = aot_function(f, aotkit_nop)
+    lazy(x).sum().backward()
+    eager_grad = x.grad
+    x.grad = None
+    plain = aot_function(f, nop)
+    plain(x).sum().backward()
+    assert x.grad is not None and eager_grad is not None and torch.equal(x.grad, eager_grad)
+    (lazy_art,) = lazy._aotkit_cache.artifacts  # type: ignore[attr-defined]
+    (plain_art,) = plain._aotkit_cache.artifacts  # type: ignore[attr-defined]
+    assert isinstance(lazy_art.fw_module, _LazyGraphModule)
+    assert isinstance(lazy_art.bw_module, _LazyGraphModule)
+    assert not isinstance(plain_art.fw_module, _LazyGraphModule)
+    # nothing observable changes: the code is generated when asked for
+    assert lazy_art.fw_module.code == plain_art.fw_module.code
+    assert lazy_art.bw_module.code == plain_art.bw_module.code
+
+    with torch.no_grad():
+        inference = aot_function(f, aotkit_nop)
+        out = inference(x)
+    (inf_art,) = inference._aotkit_cache.artifacts  # type: ignore[attr-defined]
+    assert isinstance(inf_art.inference_module, _LazyGraphModule)
+    assert torch.equal(out, f(x).detach())
+    assert torch.equal(inf_art.inference_module(x)[0], out)

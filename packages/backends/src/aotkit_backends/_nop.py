@@ -6,7 +6,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch.fx
-from aotkit_schemas import mark_unboxed_entry
+from aotkit_schemas import mark_graph_reader, mark_unboxed_entry
+from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ._boxing import BoxedCallable, make_boxed_func
 from ._fast_graph import graph_function
@@ -20,12 +21,19 @@ def nop(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> BoxedCallabl
     ``result.__wrapped__`` is ``gm``. The ops run through ``graph_function(gm)``: the same
     ATen ops in the same order, each called through its cheapest Python entry point
     (See Note [Graph functions]). A module with hooks, or a graph the generator does not
-    handle, runs through ``gm`` itself.
+    handle, runs through ``gm`` itself. nop reads only ``gm.graph`` (See Note [Compilers
+    that read only the graph]).
     """
     if gm._forward_hooks or gm._forward_pre_hooks:
         return make_boxed_func(gm)
-    fn = graph_function(gm) or gm.forward
+    fn = graph_function(gm)
+    if fn is None:
+        _LazyGraphModule.force_recompile(gm)
+        fn = gm.forward
     boxed = make_boxed_func(fn)
     boxed.__wrapped__ = gm  # type: ignore[attr-defined]
     mark_unboxed_entry(boxed, fn)
     return boxed
+
+
+mark_graph_reader(nop)

@@ -34,9 +34,11 @@ from aotkit_schemas import (
     ViewAndMutationMeta,
     graph_outputs,
     is_boxed,
+    reads_graph_only,
     unboxed_entry,
 )
 from torch._dispatch.python import enable_python_dispatcher
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
@@ -341,9 +343,10 @@ def _compile_inference(
     cfg: AOTConfig,
     artifacts: CompiledArtifacts,
 ) -> Callable[[list[Any]], Sequence[Any]]:
-    gm = trace_inference(traced_fn, fake, meta, cfg.decompositions)
-    artifacts.inference_module = gm
     compiler = cfg.inference_compiler or cfg.fw_compiler
+    with _lazy_modules(reads_graph_only(compiler)):
+        gm = trace_inference(traced_fn, fake, meta, cfg.decompositions)
+    artifacts.inference_module = gm
     with track_graph_compiling(cfg, "inference"):
         raw = compiler(gm, fake)
     compiled = as_list_caller(raw)
@@ -461,6 +464,13 @@ def _tangent_dependencies(
     )
 
 
+def _lazy_modules(lazy: bool) -> contextlib.AbstractContextManager[None]:
+    """Build GraphModules lazily for compilers that read only the graph (See Note
+    [Compilers that read only the graph] in aotkit_schemas); otherwise leave the choice to
+    the caller (torch.compile sets it)."""
+    return _use_lazy_graph_module(True) if lazy else contextlib.nullcontext()
+
+
 def _compile_training(
     traced_fn: FlatFn,
     fake: list[Any],
@@ -478,7 +488,8 @@ def _compile_training(
     _mark_runtime_mutated_primals(joint, meta)
     artifacts.joint_module = joint
     n_fwd = meta.num_forward_returns
-    with track_graph_compiling(cfg, "joint"):
+    lazy = reads_graph_only(cfg.fw_compiler) and reads_graph_only(cfg.bw_compiler)
+    with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy):
         fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition

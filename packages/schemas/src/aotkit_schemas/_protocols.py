@@ -74,6 +74,28 @@ def unboxed_entry(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     return entry
 
 
+# Note [Compilers that read only the graph]
+# Building a GraphModule generates and compiles its Python code (FX codegen): a few
+# milliseconds per graph, paid again by every module a partitioner builds. A compiler that
+# only reads ``gm.graph`` (aotkit's ``nop`` generates its own graph function from it) can
+# say so with ``mark_graph_reader``. When the forward and backward compilers (or the
+# inference compiler) all do, aotkit builds the graphs they get as torch.fx's lazy
+# GraphModules, as torch.compile does: the code is generated on first use (``gm.code``,
+# ``gm.print_readable()``, a call), so nothing a user can observe changes.
+_GRAPH_READER_ATTR = "_aotkit_reads_graph_only"
+
+
+def mark_graph_reader(compiler: Callable[..., Any]) -> None:
+    """Record that ``compiler`` reads only ``gm.graph``, never ``gm.code`` or
+    ``gm.forward``. See Note [Compilers that read only the graph]."""
+    setattr(compiler, _GRAPH_READER_ATTR, True)
+
+
+def reads_graph_only(compiler: Callable[..., Any] | None) -> bool:
+    """Whether ``mark_graph_reader`` was called on ``compiler``."""
+    return getattr(compiler, _GRAPH_READER_ATTR, False) is True
+
+
 @runtime_checkable
 class Compiler(Protocol):
     """A graph compiler: torch's ``fw_compiler`` / ``bw_compiler`` convention.
