@@ -38,9 +38,9 @@ from aotkit_schemas import (
     unboxed_entry,
 )
 from torch._dispatch.python import enable_python_dispatcher
-from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from ._capture import STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
 from ._context import track_graph_compiling
