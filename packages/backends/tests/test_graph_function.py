@@ -162,3 +162,63 @@ def test_errors_point_at_the_generated_line() -> None:
         fn(torch.randn(2, 3), torch.randn(2, 2))
     text = "".join(traceback.format_exception(info.value))
     assert "aotkit graph function" in text and "_f" in text
+
+
+# ---- Note [In-place accumulation in graph functions] -------------------------------------
+
+
+def _ops_run(gm: torch.fx.GraphModule, *args: Any, grad: bool) -> tuple[list[Any], Any]:
+    fn = graph_function(gm)
+    assert fn is not None
+    with torch.set_grad_enabled(grad), Recorder() as seen:
+        out = fn(*args)
+    return seen.ops, out
+
+
+def test_a_dead_fresh_operand_is_added_into_without_grad() -> None:
+    def f(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        return [x.sin() + y, x.cos() + 1]
+
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    gm = make_fx(f)(x, y)
+    ops, out = _ops_run(gm, x, y, grad=False)
+    assert ops.count(aten.add_.Tensor) == 2 and aten.add.Tensor not in ops
+    ref = gm(x, y)
+    for o, r in zip(out, ref, strict=True):
+        assert torch.equal(o, r) and o.stride() == r.stride()
+    ops, _ = _ops_run(gm, x, y, grad=True)
+    assert ops.count(aten.add.Tensor) == 2 and aten.add_.Tensor not in ops
+
+
+@pytest.mark.parametrize(
+    ("name", "program", "args"),
+    [
+        ("operand is an input", lambda x, y: [x + y], (torch.randn(3), torch.randn(3))),
+        ("a view of the operand lives on", lambda x, y: (lambda s: [s + y, s.t()])(x.sin()), (torch.randn(2, 2), torch.randn(2, 2))),
+        ("the operand is returned", lambda x, y: (lambda s: [s + y, s])(x.sin()), (torch.randn(3), torch.randn(3))),
+        ("the operand broadcasts", lambda x, y: [x.sin() + y], (torch.randn(1, 3), torch.randn(2, 3))),
+        ("type promotion", lambda x, y: [x.sin() + y], (torch.randn(3), torch.randn(3, dtype=torch.float64))),
+        ("other operand is a view of it", lambda x: (lambda s: [s + s.t()])(x.sin()), (torch.randn(3, 3),)),
+        ("operand is a view of an input", lambda x, y: [x.view(3) + y], (torch.randn(3), torch.randn(3))),
+        ("operand overlaps itself", lambda x, y: [x.sin().expand(2, 3) + y.expand(2, 3)], (torch.randn(3), torch.randn(3))),
+    ],
+)
+def test_additions_that_must_stay_out_of_place(name: str, program: Any, args: Any) -> None:
+    gm = make_fx(program)(*args)
+    ops, out = _ops_run(gm, *args, grad=False)
+    assert aten.add_.Tensor not in ops, name
+    _assert_same(gm(*args), out)
+
+
+def test_views_and_split_outputs_are_tracked() -> None:
+    # a + b where a = split(fresh)[0]: a's memory is shared with the other split output,
+    # which is used later
+    def f(x: torch.Tensor, y: torch.Tensor) -> list[torch.Tensor]:
+        a, b = torch.split(x.sin(), 2)
+        return [a + y, b * 2]
+
+    args = (torch.randn(4), torch.randn(2))
+    gm = make_fx(f)(*args)
+    ops, out = _ops_run(gm, *args, grad=False)
+    assert aten.add_.Tensor not in ops
+    _assert_same(gm(*args), out)

@@ -19,7 +19,9 @@
 #     ``OpOverload.__call__``);
 #   * anything else (``operator.getitem``, SymInt arithmetic, higher-order ops) is called as
 #     the graph calls it;
-#   * a value is dropped after its last use, as FX's code does, so memory is freed as early.
+#   * a value is dropped after its last use, as FX's code does, so memory is freed as early;
+#   * with grad mode off, an addition that may write into its first operand does (See
+#     Note [In-place accumulation in graph functions]); that is the one change of op.
 # Graphs with features the generator does not handle (``call_module``/``call_method`` nodes,
 # pytree codegen, placeholder defaults) get ``None`` and the caller keeps ``gm.forward``.
 """
@@ -35,6 +37,8 @@ from typing import Any
 import torch
 import torch.fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
+
+from ._buffer_reuse import in_place_adds
 
 # Overloads whose Python binding dispatches to exactly that overload
 # (See Note [Graph functions]). Grouped by where the binding lives.
@@ -60,6 +64,8 @@ _TENSOR_METHODS = "expand.default view.default view.dtype"
 
 # Overloads whose binding turns a Python number in a Tensor position into the same wrapped
 # number tensor the overload gets (``torch.add(x, 1)`` runs ``add.Tensor``).
+_ADD_IN_PLACE = torch._C.TensorBase.add_
+
 _NUMBER_AS_TENSOR_OK = frozenset({"add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor"})
 
 _bindings: dict[torch._ops.OpOverload, Callable[..., Any]] | None = None
@@ -178,10 +184,10 @@ class _Emitter:
             raise _Unsupported(f"graph values inside a {kind.__name__}")
         return self.bind(a)
 
-    def call(self, node: torch.fx.Node) -> str:
+    def call(self, node: torch.fx.Node, callee: Any = None) -> str:
         args = [self.arg(a) for a in node.args]
         args += [f"{k}={self.arg(v)}" for k, v in node.kwargs.items()]
-        return f"{self.callee(_callee(node))}({', '.join(args)})"
+        return f"{self.callee(callee or _callee(node))}({', '.join(args)})"
 
 
 _counter = itertools.count()
@@ -207,6 +213,9 @@ def graph_function(gm: torch.fx.GraphModule) -> Callable[..., Any] | None:
     emit = _Emitter(gm)
     params: list[str] = []
     body: list[str] = []
+    # See Note [In-place accumulation in graph functions]: line -> its grad-free variant
+    in_place = in_place_adds(nodes)
+    grad_free_lines: dict[int, str] = {}
     try:
         for i, node in enumerate(nodes):
             name = emit.names[node] = f"_v{i}"
@@ -220,6 +229,8 @@ def graph_function(gm: torch.fx.GraphModule) -> Callable[..., Any] | None:
                 body.append(f"{name} = _gm.{node.target}")
             elif node.op == "call_function":
                 body.append(f"{name} = {emit.call(node)}")
+                if node in in_place:
+                    grad_free_lines[len(body) - 1] = f"{name} = {emit.call(node, _ADD_IN_PLACE)}"
             elif node.op == "output":
                 body.append(f"return {emit.arg(node.args[0])}")
                 break
@@ -227,11 +238,25 @@ def graph_function(gm: torch.fx.GraphModule) -> Callable[..., Any] | None:
                 return None
             dead = [emit.names[v] for v in freed_after.get(node, ())]
             if dead:
-                body[-1] += "; " + " = ".join(dead) + " = None"
+                free = "; " + " = ".join(dead) + " = None"
+                body[-1] += free
+                if len(body) - 1 in grad_free_lines:
+                    grad_free_lines[len(body) - 1] += free
     except _Unsupported:
         return None
     filename = f"<aotkit graph function {next(_counter)}>"
-    source = f"def forward({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
+    signature = ", ".join(params)
+    source = f"def forward({signature}):\n" + "".join(f"    {line}\n" for line in body)
+    if grad_free_lines:
+        emit.globals["_grad_enabled"] = torch.is_grad_enabled
+        source = (
+            source.replace("def forward(", "def _with_grad(", 1)
+            + f"def _grad_free({signature}):\n"
+            + "".join(f"    {grad_free_lines.get(i, line)}\n" for i, line in enumerate(body))
+            + f"def forward({signature}):\n"
+            + f"    if _grad_enabled():\n        return _with_grad({signature})\n"
+            + f"    return _grad_free({signature})\n"
+        )
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), emit.globals)
     fn: Callable[..., Any] = emit.globals["forward"]
