@@ -303,11 +303,13 @@ def check_program(program: Program, *, record: bool = False) -> list[str]:
     the program exercises as Hypothesis events)."""
     case = as_case(program)
     eager = run_case(case, "eager")
-    aot = run_case(case, "aotkit")
+    # every graph also runs through nop's graph function (See Note [Graph functions])
+    aot = run_case(case, "aotkit_graph_function")
     if record:
         _record_kind(eager, aot)
     problems = compare_runs(eager, aot, case, unsafe_views=unsafe_view_outputs(aot))
-    return problems + compile_problems(aot)
+    assert aot.log is not None
+    return problems + compile_problems(aot) + aot.log.graph_function_problems
 
 
 def _record_kind(eager: Run, aot: Run) -> None:
