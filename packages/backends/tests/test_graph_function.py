@@ -4,6 +4,7 @@ else changes: same overloads in the same order, same outputs. See Note [Graph fu
 from __future__ import annotations
 
 import math
+import operator
 import traceback
 import weakref
 from typing import Any
@@ -222,3 +223,20 @@ def test_views_and_split_outputs_are_tracked() -> None:
     ops, out = _ops_run(gm, *args, grad=False)
     assert aten.add_.Tensor not in ops
     _assert_same(gm(*args), out)
+
+
+def test_graphs_with_calls_of_unknown_aliasing_keep_every_addition() -> None:
+    # operator.iadd on a tensor aliases its first operand; nothing is added in place
+    graph = torch.fx.Graph()
+    x, y = graph.placeholder("x"), graph.placeholder("y")
+    s = graph.call_function(aten.sin.default, (x,))
+    alias = graph.call_function(operator.iadd, (s, y))
+    total = graph.call_function(aten.add.Tensor, (s, y))
+    graph.output((total, alias))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    t, u = torch.randn(3), torch.randn(3)
+    for node, val in zip(gm.graph.nodes, [t, u, t.sin(), t.sin(), t.sin()], strict=False):
+        node.meta["val"] = val
+    ops, out = _ops_run(gm, t, u, grad=False)
+    assert ops == [aten.sin.default, aten.add_.Tensor, aten.add.Tensor]  # the add_ is iadd's
+    _assert_same(gm(t, u), out)

@@ -31,6 +31,7 @@ import torch.fx
 from torch._prims_common import is_non_overlapping_and_dense_or_false
 
 _ADD = torch.ops.aten.add.Tensor
+_SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
 def _returns_alias(op: torch._ops.OpOverload) -> bool:
@@ -73,8 +74,10 @@ def in_place_adds(nodes: Sequence[torch.fx.Node]) -> set[torch.fx.Node]:
                 fresh.add(node)  # one fresh tensor of a multi-output op
             else:
                 root[node] = root[producer]
-        elif getattr(target, "__module__", None) not in ("_operator", "operator", "math"):
-            return set()  # a higher-order op or other call whose aliasing is unknown
+        elif not isinstance(node.meta.get("val"), _SCALARS):
+            # a higher-order op, a torch-level call, operator.iadd on tensors, ...: its
+            # aliasing is unknown (size arithmetic on SymInts is fine)
+            return set()
     last_use: dict[torch.fx.Node, int] = {}
     for node in nodes:
         for inp in node.all_input_nodes:
