@@ -215,7 +215,7 @@ def graph_function(gm: torch.fx.GraphModule) -> Callable[..., Any] | None:
     body: list[str] = []
     # See Note [In-place accumulation in graph functions]: line -> its grad-free variant
     in_place = in_place_adds(nodes)
-    grad_free_lines: dict[int, str] = {}
+    reuses = False
     try:
         for i, node in enumerate(nodes):
             name = emit.names[node] = f"_v{i}"
@@ -230,7 +230,11 @@ def graph_function(gm: torch.fx.GraphModule) -> Callable[..., Any] | None:
             elif node.op == "call_function":
                 body.append(f"{name} = {emit.call(node)}")
                 if node in in_place:
-                    grad_free_lines[len(body) - 1] = f"{name} = {emit.call(node, _ADD_IN_PLACE)}"
+                    body[-1] = (
+                        f"{name} = {emit.call(node, _ADD_IN_PLACE)} if _no_grad "
+                        f"else {emit.call(node)}"
+                    )
+                    reuses = True
             elif node.op == "output":
                 body.append(f"return {emit.arg(node.args[0])}")
                 break
@@ -238,25 +242,14 @@ def graph_function(gm: torch.fx.GraphModule) -> Callable[..., Any] | None:
                 return None
             dead = [emit.names[v] for v in freed_after.get(node, ())]
             if dead:
-                free = "; " + " = ".join(dead) + " = None"
-                body[-1] += free
-                if len(body) - 1 in grad_free_lines:
-                    grad_free_lines[len(body) - 1] += free
+                body[-1] += "; " + " = ".join(dead) + " = None"
     except _Unsupported:
         return None
     filename = f"<aotkit graph function {next(_counter)}>"
-    signature = ", ".join(params)
-    source = f"def forward({signature}):\n" + "".join(f"    {line}\n" for line in body)
-    if grad_free_lines:
+    if reuses:
         emit.globals["_grad_enabled"] = torch.is_grad_enabled
-        source = (
-            source.replace("def forward(", "def _with_grad(", 1)
-            + f"def _grad_free({signature}):\n"
-            + "".join(f"    {grad_free_lines.get(i, line)}\n" for i, line in enumerate(body))
-            + f"def forward({signature}):\n"
-            + f"    if _grad_enabled():\n        return _with_grad({signature})\n"
-            + f"    return _grad_free({signature})\n"
-        )
+        body.insert(0, "_no_grad = not _grad_enabled()")
+    source = f"def forward({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), emit.globals)
     fn: Callable[..., Any] = emit.globals["forward"]
