@@ -17,8 +17,10 @@
 #     no type promotion), read off the nodes' ``val`` metadata with static sizes, and
 #     ``a`` is dense and non-overlapping.
 # The same kernel writes the same values (bitwise); only the allocation is saved. Graphs
-# with a mutable op are left alone. With grad mode on the graph runs unchanged, since
-# autograd may have saved ``a``.
+# with a mutable op, or with a call whose aliasing is unknown (a higher-order op, a
+# torch-level call, ``operator.iadd`` on tensors), are left alone. The generated function
+# reads grad mode once on entry and each such line picks ``add_`` or ``add``: with grad
+# mode on the graph runs unchanged, since autograd may have saved ``a``.
 """
 
 from __future__ import annotations

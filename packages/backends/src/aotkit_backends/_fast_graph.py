@@ -7,7 +7,7 @@
 # the kernels (``x.sin() + 1`` on 10 elements: 3.3 us eager, 4.8 us through the raw handles,
 # about 6.5 us through ``gm.forward``). ``graph_function(gm)`` generates an equivalent Python
 # function that runs the same ops, in the same order, with the same arguments:
-#   * each ATen overload in ``_BINDINGS`` is called through torch's generated Python binding
+#   * each ATen overload listed in ``_VARIABLE_FUNCTIONS``, ``_NN`` or ``_TENSOR_METHODS`` is called through torch's generated Python binding
 #     for it (``torch.sin`` for ``aten.sin.default``), which parses arguments much faster.
 #     An entry is listed only if the binding dispatches to exactly that overload; the test
 #     ``test_graph_function`` checks every entry, and ``tests/test_graph_function_corpus.py``
