@@ -240,3 +240,41 @@ def test_graphs_with_calls_of_unknown_aliasing_keep_every_addition() -> None:
     ops, out = _ops_run(gm, t, u, grad=False)
     assert ops == [aten.sin.default, aten.add_.Tensor, aten.add.Tensor]  # the add_ is iadd's
     _assert_same(gm(t, u), out)
+
+
+def test_a_stealing_graph_function_drops_each_input_at_its_last_use() -> None:
+    gm = make_fx(lambda a, b: [a.sin() * 2 + b])(torch.randn(3), torch.randn(3))
+    fn = graph_function(gm, steal_args=True)
+    assert fn is not None
+    a, b = torch.randn(3), torch.randn(3)
+    expected = gm(a, b)
+    ref_a = weakref.ref(a)
+    alive_at_add: list[bool] = []
+
+    class Watch(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is aten.add.Tensor:
+                alive_at_add.append(ref_a() is not None)
+            return func(*args, **(kwargs or {}))
+
+    args = [a, b]
+    del a
+    with Watch():  # type: ignore[no-untyped-call]
+        out = fn(args)
+    assert args == []
+    assert alive_at_add == [False]  # ``a`` was freed after sin, before the addition
+    _assert_same(expected, out)
+
+
+def test_nop_offers_a_stealing_entry_only_for_graph_functions() -> None:
+    from aotkit_schemas import stealing_entry
+
+    gm = make_fx(lambda x: [x.sin() + 1])(torch.randn(4))
+    steal = stealing_entry(nop(gm, []))
+    assert steal is not None
+    x = torch.randn(4)
+    args = [x]
+    torch.testing.assert_close(steal(args)[0], x.sin() + 1)
+    assert args == []
+    module_graph = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    assert stealing_entry(nop(module_graph, [])) is None

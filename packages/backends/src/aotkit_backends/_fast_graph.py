@@ -193,10 +193,15 @@ class _Emitter:
 _counter = itertools.count()
 
 
-def graph_function(gm: torch.fx.GraphModule) -> Callable[..., Any] | None:
+def graph_function(
+    gm: torch.fx.GraphModule, *, steal_args: bool = False
+) -> Callable[..., Any] | None:
     """``f(*args) == gm.forward(*args)``, running each op through its cheapest Python call.
 
-    See Note [Graph functions]. Returns None for graphs it does not handle.
+    With ``steal_args``, ``f(args)`` takes the inputs as one list and clears it once it has
+    read them, so that each input is dropped at its last use (See Note [Boxed calling
+    convention] in aotkit_schemas). See Note [Graph functions]. Returns None for graphs
+    it does not handle.
     """
     graph = gm.graph
     if type(graph._codegen) is not torch.fx.graph.CodeGen:
@@ -249,6 +254,10 @@ def graph_function(gm: torch.fx.GraphModule) -> Callable[..., Any] | None:
     if reuses:
         emit.globals["_grad_enabled"] = torch.is_grad_enabled
         body.insert(0, "_no_grad = not _grad_enabled()")
+    if steal_args:
+        unpack = f"{', '.join(params)}, = args; " if params else ""
+        body.insert(0, unpack + "args.clear()")
+        params = ["args"]
     source = f"def forward({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body)
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), emit.globals)

@@ -62,7 +62,7 @@ from typing import Any
 
 import torch
 from aotkit_functional import as_plain_tensor
-from aotkit_schemas import OutputType, ViewAndMutationMeta, unboxed_entry
+from aotkit_schemas import OutputType, ViewAndMutationMeta, stealing_entry, unboxed_entry
 
 from ._call import as_list_caller
 
@@ -218,9 +218,11 @@ def make_autograd_function(
             if not bw_holder:
                 compiled = compiled_bw()
                 direct = unboxed_entry(compiled)
-                bw_holder.append(
+                # See Note [Boxed calling convention]: a stealing entry frees the saved
+                # activations while the backward runs
+                bw_holder.append(stealing_entry(compiled) or (
                     as_list_caller(compiled) if direct is None else lambda a: direct(*a)
-                )
+                ))
             bw = bw_holder[0]
             tangents = [grads[i] for i in tangent_positions]
             unused: frozenset[int] = frozenset()
@@ -245,6 +247,10 @@ def make_autograd_function(
             if len(saved) != n_tensors:
                 saved = saved[:n_tensors]
             all_args = [*ctx.saved_symints, *saved, *tangents] if n_symints else [*saved, *tangents]
+            # only ``all_args`` refers to the saved tensors now (unless retain_graph keeps
+            # them in the node), so a backward that clears its list frees them early
+            del saved, tangents
+            ctx.maybe_clear_saved_tensors()
             if torch.is_grad_enabled() and any(
                 isinstance(t, torch.Tensor) and t.requires_grad for t in all_args
             ):

@@ -16,9 +16,11 @@ from ._protocols import graph_outputs as graph_outputs
 from ._protocols import is_boxed as is_boxed
 from ._protocols import is_sym_node as is_sym_node
 from ._protocols import mark_graph_reader as mark_graph_reader
+from ._protocols import mark_stealing_entry as mark_stealing_entry
 from ._protocols import mark_unboxed_entry as mark_unboxed_entry
 from ._protocols import output_node as output_node
 from ._protocols import reads_graph_only as reads_graph_only
+from ._protocols import stealing_entry as stealing_entry
 from ._protocols import unboxed_entry as unboxed_entry
 from ._signatures import FQN as FQN
 from ._signatures import BackwardSignature as BackwardSignature
@@ -49,9 +51,11 @@ __all__ = [
     "is_boxed",
     "is_sym_node",
     "mark_graph_reader",
+    "mark_stealing_entry",
     "mark_unboxed_entry",
     "mutation_can_stay_in_graph",
     "output_node",
     "reads_graph_only",
+    "stealing_entry",
     "unboxed_entry",
 ]

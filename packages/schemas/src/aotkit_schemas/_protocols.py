@@ -51,6 +51,12 @@ DecompositionTable = dict[Any, Callable[..., Any]]
 # A boxed callable that never clears its list may also carry ``_aotkit_unboxed``: an
 # equivalent ``f(*args)``. Callers that hold the arguments as a tuple already call that and
 # skip building a list (aotkit's ``nop`` sets it to the graph's ``forward``).
+# It may also offer a stealing entry (``mark_stealing_entry``): a ``g(args)`` that computes
+# the same outputs and clears ``args`` as soon as it has read them, dropping each input at
+# its last use inside the graph. aotkit's runtime calls it for the backward graph with a
+# list nothing else refers to (after releasing the autograd node's saved tensors), so the
+# saved activations are freed while the backward runs, as eager autograd frees them node
+# by node. It is built on first request.
 
 
 def is_boxed(fn: Callable[..., Any]) -> bool:
@@ -94,6 +100,25 @@ def mark_graph_reader(compiler: Callable[..., Any]) -> None:
 def reads_graph_only(compiler: Callable[..., Any] | None) -> bool:
     """Whether ``mark_graph_reader`` was called on ``compiler``."""
     return getattr(compiler, _GRAPH_READER_ATTR, False) is True
+
+
+_STEALING_ATTR = "_aotkit_stealing"
+
+
+def mark_stealing_entry(
+    boxed: Callable[..., Any], make: Callable[[], Callable[[list[Any]], Any]]
+) -> None:
+    """Record that ``make()`` returns a ``g(args)`` equivalent to ``boxed(args)`` that
+    clears ``args`` once it has read them. See Note [Boxed calling convention]."""
+    setattr(boxed, _STEALING_ATTR, make)
+
+
+def stealing_entry(fn: Callable[..., Any]) -> Callable[[list[Any]], Any] | None:
+    """The stealing entry recorded by ``mark_stealing_entry`` on a boxed callable, built
+    now, if any."""
+    make = getattr(fn, _STEALING_ATTR, None) if is_boxed(fn) else None
+    entry: Callable[[list[Any]], Any] | None = make() if make is not None else None
+    return entry
 
 
 @runtime_checkable
