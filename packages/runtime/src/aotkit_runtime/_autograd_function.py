@@ -216,13 +216,7 @@ def make_autograd_function(
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
             if not bw_holder:
-                compiled = compiled_bw()
-                direct = unboxed_entry(compiled)
-                # See Note [Boxed calling convention]: a stealing entry frees the saved
-                # activations while the backward runs
-                bw_holder.append(stealing_entry(compiled) or (
-                    as_list_caller(compiled) if direct is None else lambda a: direct(*a)
-                ))
+                bw_holder.append(_backward_caller(compiled_bw()))
             bw = bw_holder[0]
             tangents = [grads[i] for i in tangent_positions]
             unused: frozenset[int] = frozenset()
@@ -288,6 +282,19 @@ def make_autograd_function(
         return out
 
     return run
+
+
+def _backward_caller(compiled: Callable[..., Any]) -> Callable[[list[Any]], Sequence[Any]]:
+    """How the backward calls the compiled backward graph with its list of arguments: See
+    Note [Boxed calling convention]. A stealing entry frees the saved activations while
+    the backward runs; otherwise the unboxed entry, or the graph's own convention."""
+    steal = stealing_entry(compiled)
+    if steal is not None:
+        return steal
+    direct = unboxed_entry(compiled)
+    if direct is not None:
+        return lambda args: direct(*args)  # type: ignore[no-any-return]
+    return as_list_caller(compiled)
 
 
 def _delay_error(g: Any) -> Any:

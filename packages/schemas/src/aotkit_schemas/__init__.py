@@ -16,6 +16,7 @@ from ._protocols import graph_outputs as graph_outputs
 from ._protocols import is_boxed as is_boxed
 from ._protocols import is_sym_node as is_sym_node
 from ._protocols import mark_graph_reader as mark_graph_reader
+from ._protocols import mark_lazy_unboxed_entry as mark_lazy_unboxed_entry
 from ._protocols import mark_stealing_entry as mark_stealing_entry
 from ._protocols import mark_unboxed_entry as mark_unboxed_entry
 from ._protocols import output_node as output_node
@@ -51,6 +52,7 @@ __all__ = [
     "is_boxed",
     "is_sym_node",
     "mark_graph_reader",
+    "mark_lazy_unboxed_entry",
     "mark_stealing_entry",
     "mark_unboxed_entry",
     "mutation_can_stay_in_graph",

@@ -74,10 +74,26 @@ def mark_unboxed_entry(boxed: Callable[..., Any], unboxed: Callable[..., Any]) -
     setattr(boxed, _UNBOXED_ATTR, unboxed)
 
 
+class _Lazy:
+    """An entry built on first request (``mark_unboxed_entry(..., lazy=True)``)."""
+
+    def __init__(self, make: Callable[[], Callable[..., Any]]) -> None:
+        self.make = make
+
+
+def mark_lazy_unboxed_entry(boxed: Callable[..., Any], make: Callable[[], Callable[..., Any]]) -> None:
+    """``mark_unboxed_entry(boxed, make())``, with ``make`` called on first request."""
+    setattr(boxed, _UNBOXED_ATTR, _Lazy(make))
+
+
 def unboxed_entry(fn: Callable[..., Any]) -> Callable[..., Any] | None:
     """The ``f(*args)`` recorded by ``mark_unboxed_entry`` on a boxed callable, if any."""
-    entry: Callable[..., Any] | None = getattr(fn, _UNBOXED_ATTR, None) if is_boxed(fn) else None
-    return entry
+    entry: Any = getattr(fn, _UNBOXED_ATTR, None) if is_boxed(fn) else None
+    if isinstance(entry, _Lazy):
+        entry = entry.make()
+        setattr(fn, _UNBOXED_ATTR, entry)
+    result: Callable[..., Any] | None = entry
+    return result
 
 
 # Note [Compilers that read only the graph]
@@ -106,10 +122,11 @@ _STEALING_ATTR = "_aotkit_stealing"
 
 
 def mark_stealing_entry(
-    boxed: Callable[..., Any], make: Callable[[], Callable[[list[Any]], Any]]
+    boxed: Callable[..., Any], make: Callable[[], Callable[[list[Any]], Any] | None]
 ) -> None:
     """Record that ``make()`` returns a ``g(args)`` equivalent to ``boxed(args)`` that
-    clears ``args`` once it has read them. See Note [Boxed calling convention]."""
+    clears ``args`` once it has read them (or None, when there is none after all). See
+    Note [Boxed calling convention]."""
     setattr(boxed, _STEALING_ATTR, make)
 
 
