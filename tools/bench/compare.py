@@ -15,7 +15,11 @@ Measured, per model (mlp, transformer, convnet, pointwise):
   counted; neither torch's nor aotkit's ``aot_function`` keeps a global compile cache.
   The garbage collector stays enabled here (compilation allocates: that is real cost).
 * steady state: forward + backward step time after warm-up, for eager, torch and aotkit,
-  with the garbage collector disabled inside the timed loop.
+  with the garbage collector disabled inside the timed loop. On this machine the speed of
+  the same matmul kernel depends on where its buffers land in memory (the same MLP step
+  varies by up to 25% from one process to the next, for eager and compiled code alike), so
+  the full run rebuilds the model a few times ("placements": fresh parameters at new
+  addresses, compiled again) and pools the paired repetitions of all placements.
 
 And for the tiny function ``x.sin() + 1`` on 10 elements, the per-call cost for
 forward + backward (``y.backward(ones)``) and for inference (input without grad), each with
@@ -273,14 +277,21 @@ def check_matches_eager(w: Workload) -> list[str]:
 @dataclass(frozen=True)
 class Settings:
     first_reps: int
-    steady_reps: int
+    steady_reps: int  # per placement
+    steady_placements: int
     steady_block_s: float
     tiny_reps: int
     tiny_block_s: float
 
 
-FULL = Settings(first_reps=7, steady_reps=9, steady_block_s=0.25, tiny_reps=15, tiny_block_s=0.1)
-QUICK = Settings(first_reps=3, steady_reps=3, steady_block_s=0.05, tiny_reps=5, tiny_block_s=0.03)
+FULL = Settings(
+    first_reps=7, steady_reps=3, steady_placements=4, steady_block_s=0.25, tiny_reps=15,
+    tiny_block_s=0.1,
+)
+QUICK = Settings(
+    first_reps=3, steady_reps=3, steady_placements=1, steady_block_s=0.05, tiny_reps=5,
+    tiny_block_s=0.03,
+)
 
 
 def bench_first_call(w: Workload, s: Settings) -> Samples:
@@ -293,14 +304,24 @@ def _first_call_measure(impl: Impl, w: Workload) -> Callable[[], float]:
     return lambda: first_call_seconds(impl, w)
 
 
-def bench_steady(w: Workload, s: Settings) -> tuple[Samples, int]:
-    steps = {impl: make_step(compile_with(impl, w.target), w) for impl in ALL_IMPLS}
-    for step in steps.values():
-        for _ in range(3):
-            step()
-    n = calibrate(list(steps.values()), s.steady_block_s, max_n=10_000)
-    samples = interleave({k: looped(f, n) for k, f in steps.items()}, s.steady_reps)
-    return samples, n
+def bench_steady(build: Callable[[], Workload], s: Settings) -> tuple[Samples, int]:
+    """Paired repetitions pooled over ``s.steady_placements`` fresh builds of the model
+    (see the module docstring); ``n`` steps per block, calibrated on the first build."""
+    times: dict[str, list[float]] = {impl: [] for impl in ALL_IMPLS}
+    n = 0
+    for placement in range(s.steady_placements):
+        torch.manual_seed(placement)
+        w = build()
+        steps = {impl: make_step(compile_with(impl, w.target), w) for impl in ALL_IMPLS}
+        for step in steps.values():
+            for _ in range(3):
+                step()
+        if not n:
+            n = calibrate(list(steps.values()), s.steady_block_s, max_n=10_000)
+        samples = interleave({k: looped(f, n) for k, f in steps.items()}, s.steady_reps)
+        for impl in ALL_IMPLS:
+            times[impl] += samples.times[impl]
+    return Samples(times), n
 
 
 def make_tiny_call(fn: Callable[..., Any], x: torch.Tensor, train: bool) -> Callable[[], None]:
@@ -433,7 +454,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         targets.append((f"first call {name}: aotkit/torch", fc.ratio("aotkit", "torch"), 0.5))
         progress(f"[{name}] steady state")
-        st, n = bench_steady(w, s)
+        st, n = bench_steady(MODELS[name], s)
         steady_rows.append(
             [name, *_three_way(st, "ms"), str(n), st.noise()]
         )
@@ -471,7 +492,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             first_rows,
         )
         _table(
-            f"steady-state fwd+bwd step (median of {s.steady_reps} blocks of n steps)",
+            f"steady-state fwd+bwd step (median of {s.steady_reps * s.steady_placements} "
+            f"blocks of n steps, {s.steady_placements} placements)",
             [
                 "model",
                 "eager ms",
