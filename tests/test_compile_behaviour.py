@@ -232,9 +232,9 @@ def test_backward_frees_saved_activations_while_it_runs() -> None:
     x = torch.randn(5, requires_grad=True)
     compiled = aot_function(f, aotkit_nop, bw_compiler)
     compiled(x).backward()
-    # the saved intermediates (exp's result, tanh's result) are referred to by the list
-    # alone; ``x`` (saved for sin) and the tangent are held by the caller and autograd
-    assert seen["only_in_list"] == 2 and seen["n"] == 4, seen
+    # every saved intermediate is referred to by the list alone; ``x`` (saved for sin) and
+    # the tangent are also held by the caller and autograd
+    assert seen["only_in_list"] >= 2 and seen["only_in_list"] == seen["n"] - 2, seen
     x_ref = x.detach().clone().requires_grad_()
     f(x_ref).backward()
     assert x.grad is not None and torch.allclose(x.grad, x_ref.grad)  # type: ignore[arg-type]

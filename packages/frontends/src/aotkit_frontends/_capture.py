@@ -29,6 +29,7 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ._backward_mutations import check_backward_mutations
+from ._saved_detaches import SavedOutputRecorder, match_python_mode_graph
 
 FlatFn = Callable[..., Sequence[Any]]
 
@@ -178,7 +179,12 @@ def _trace_joint(
                     for k, pos in enumerate(tangent_positions)
                     if isinstance(returns[pos], torch.Tensor) and returns[pos].requires_grad
                 ]
-                grads, failed = primal_grads(outs_and_tangents, f_primals)
+                if native:  # See Note [Detach nodes of saved outputs]
+                    saved_outputs.watch([o for _, o, _ in outs_and_tangents])
+                try:
+                    grads, failed = primal_grads(outs_and_tangents, f_primals)
+                finally:
+                    saved_outputs.close()
                 stale_tangents.update(failed)
             # See Note [Metadata mutations in the backward]
             check_backward_mutations(primals, f_primals, tangents, f_tangents, meta)
@@ -187,12 +193,14 @@ def _trace_joint(
         return [*plain_returns, *plain_grads]
 
     stale_tangents: dict[int, str] = {}
+    saved_outputs = SavedOutputRecorder()
     primals = list(fake_args)
     tangents = list(meta.traced_tangents)
     # The joint is read as a graph (partitioned), never run: its Python code is generated
     # only if someone asks for it (``gm.code``, a call).
     with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
         gm = make_fx(joint, decomposition_table=decompositions)(primals, tangents)
+    match_python_mode_graph(gm, saved_outputs)
     # See Note [Backward paths through stale saved values]
     gm.meta[STALE_TANGENTS_KEY] = stale_tangents
     return gm, [primals, tangents]

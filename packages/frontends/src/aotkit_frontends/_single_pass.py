@@ -77,6 +77,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._capture import STALE_TANGENTS_KEY, FlatFn, needs_python_mode, primal_grads
+from ._saved_detaches import SavedOutputRecorder, match_python_mode_graph
 
 
 class NotSinglePass(Exception):
@@ -115,7 +116,7 @@ class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
-        if func is torch.nn.functional.batch_norm:
+        if func is torch.nn.functional.batch_norm and _on_cpu(args, kwargs):
             bound = _F_BATCH_NORM.bind(*args, **kwargs)
             bound.apply_defaults()
             a = bound.arguments
@@ -125,7 +126,7 @@ class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
                 a["input"], a["weight"], a["bias"], a["running_mean"], a["running_var"],
                 a["training"], a["momentum"], a["eps"],
             )
-        if func is torch.batch_norm and not kwargs:
+        if func is torch.batch_norm and not kwargs and _on_cpu(args, kwargs):
             return _legit_batch_norm(*args[:8])
         name = getattr(func, "__name__", "")
         writes = (
@@ -145,6 +146,13 @@ class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
         return func(*args, **kwargs)
 
 
+def _on_cpu(args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    """batch_norm's input is on the CPU, where torch decomposes it to the legit op family
+    (elsewhere cuDNN and friends take other paths; the op gate then abandons)."""
+    x = args[0] if args else kwargs.get("input")
+    return isinstance(x, torch.Tensor) and x.device.type == "cpu"
+
+
 _F_BATCH_NORM = inspect.signature(torch.nn.functional.batch_norm)
 
 
@@ -155,6 +163,9 @@ def _legit_batch_norm(
     """``torch.batch_norm``'s output, computed with the op torch's Python dispatcher
     decomposes native_batch_norm to."""
     aten = torch.ops.aten
+    # _batch_norm_impl_index allocates an empty "reserve" tensor it does not use; the
+    # Python dispatcher's trace records it, so the graph (and its node names) match
+    aten.empty.memory_format([0], dtype=torch.uint8, layout=torch.strided, device=x.device)
     if running_mean is None and running_var is None:
         return aten._native_batch_norm_legit.no_stats(x, weight, bias, training, momentum, eps)[0]
     if running_mean is None or running_var is None:
@@ -281,9 +292,14 @@ def trace_single_pass(
             tangents = _tangent_placeholders([outs[j] for j in positions])
             f_tangents = [to_native_functional(t) for t in tangents]
             writes_after_forward = [mutation_count(fp) for fp in f_primals]
-            grads, failed = primal_grads(
-                [(k, outs[j], f_tangents[k]) for k, j in enumerate(positions)], f_primals
-            )
+            # See Note [Detach nodes of saved outputs]
+            saved_outputs.watch([outs[j] for j in positions])
+            try:
+                grads, failed = primal_grads(
+                    [(k, outs[j], f_tangents[k]) for k, j in enumerate(positions)], f_primals
+                )
+            finally:
+                saved_outputs.close()
             stale_tangents.update(failed)
             if any(
                 mutation_count(fp) != n or has_metadata_mutation(fp, p)
@@ -303,6 +319,7 @@ def trace_single_pass(
         found.update(input_info=input_info, f_outs=outs, outs=plain_outs, tangents=tangents)
         return [*plain_outs, *plain_grads]
 
+    saved_outputs = SavedOutputRecorder()
     primals = list(fake_args)
     try:
         with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
@@ -313,6 +330,7 @@ def trace_single_pass(
     if any(needs_python_mode(n) for n in gm.graph.nodes):
         raise NotSinglePass("the traced graph keeps an op the Python mode rewrites")
     tangents: list[torch.Tensor] = found["tangents"]
+    match_python_mode_graph(gm, saved_outputs)
     _move_tangents_after_primals(gm, primals, tangents)
     meta = _meta(found["input_info"], found["f_outs"], tangents, static_input_indices)
     # See Note [Backward paths through stale saved values] in _capture

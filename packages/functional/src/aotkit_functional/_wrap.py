@@ -158,8 +158,9 @@ def storage_was_changed(t: Any) -> bool:
 # the Python mode for programs that mutate inputs or return aliases and for exports, where
 # torch's exact graph text matters most (view replay numbers nodes differently). On the
 # programs it takes, the native joint is op for op the Python mode's, except for the no-op
-# ``aten.detach`` nodes the Python mode records where autograd saves an output. A native
-# trace that fails or leaves such an op is redone in the Python mode.
+# ``aten.detach`` nodes the Python mode records where autograd saves an output (the C++ key
+# does not dispatch them; aotkit_frontends adds them back, See Note [Detach nodes of saved
+# outputs]). A native trace that fails or leaves such an op is redone in the Python mode.
 
 
 @contextlib.contextmanager
