@@ -114,13 +114,20 @@ def _own_saved_outputs(node: Any) -> list[torch.Tensor]:
         except RuntimeError:
             return []
         return [t for t in saved if isinstance(t, torch.Tensor) and t.grad_fn is node]
+    kind = type(node)
+    names = _saved_names.get(kind)
+    if names is None:
+        names = _saved_names[kind] = tuple(n for n in dir(kind) if n.startswith("_saved_"))
     out = []
-    for name in dir(node):
-        if name.startswith("_saved_"):
-            t = getattr(node, name)
-            if isinstance(t, torch.Tensor) and t.grad_fn is node:
-                out.append(t)
+    for name in names:
+        t = getattr(node, name)
+        if isinstance(t, torch.Tensor) and t.grad_fn is node:
+            out.append(t)
     return out
+
+
+# autograd node class -> its ``_saved_*`` properties (``dir`` is slow)
+_saved_names: dict[type, tuple[str, ...]] = {}
 
 
 def _graph_value(t: torch.Tensor, tracer: Any) -> torch.fx.Node | None:
