@@ -70,6 +70,40 @@ def convnet_batchnorm_train_updates_running_stats():
     return ConvNet().train()
 
 
+@case(
+    inputs=lambda: (rand(4, 3, 9, 9),), calls=3, optimizer=_sgd, keep_inference_input_mutations=True
+)
+def convnet_batchnorm_train_keeps_stat_updates_in_graph():
+    # See Note [Input mutations kept in the training graph]: the running stats are written
+    # by copy_ at the end of the training forward graph
+    return ConvNet().train()
+
+
+class StepCounter(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.register_buffer("steps", torch.zeros(()))
+        self.register_buffer("ema", torch.zeros(4))
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.steps.add_(1)
+        with torch.no_grad():
+            self.ema.mul_(0.9).add_(y.mean(0), alpha=0.1)
+        return y.tanh() * self.steps
+
+
+@case(inputs=lambda: (rand(3, 4),), calls=3, optimizer=_sgd, keep_inference_input_mutations=True)
+def buffers_updated_in_training_kept_in_graph():
+    return StepCounter()
+
+
+@case(inputs=lambda: (rand(3, 4),), calls=3, optimizer=_sgd)
+def buffers_updated_in_training():
+    return StepCounter()
+
+
 @case(inputs=lambda: (rand(2, 6, 16),), rtol=1e-4, atol=1e-5)
 def transformer_encoder_layer():
     return nn.TransformerEncoderLayer(d_model=16, nhead=4, dim_feedforward=32, dropout=0.0, batch_first=True)

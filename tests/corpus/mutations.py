@@ -302,10 +302,9 @@ def storage_mutation_set_to_intermediate(x, y):
 
 
 # ---- keep_inference_input_mutations ----------------------------------------------------
-# aotkit keeps an input mutation in the graph (a trailing copy_ into the input) only in
-# inference graphs; torch keeps eligible ones in training graphs too (torch_expect_inputs).
-# Both are correct: the training forward then returns the new value and the epilogue
-# copies it, which a backend cannot fuse away.
+# Like torch, aotkit keeps an eligible input mutation in the graph (a trailing copy_ into
+# the input) in inference and in training graphs (Note [Input mutations kept in the
+# training graph]).
 
 
 @case(
@@ -322,8 +321,7 @@ def keep_mutations_inference(x, y):
 @case(
     inputs=lambda: (rand(3, 4), rand(3, 4, grad=True)),
     keep_inference_input_mutations=True,
-    expect_inputs=(OUT_GRAPH, NM),
-    torch_expect_inputs=(IN_GRAPH, NM),
+    expect_inputs=(IN_GRAPH, NM),
 )
 def keep_mutations_training_input_without_grad(x, y):
     x.mul_(2)
@@ -333,8 +331,7 @@ def keep_mutations_training_input_without_grad(x, y):
 @case(
     inputs=lambda: (nonleaf(3, 4), rand(3, 4)),
     keep_inference_input_mutations=True,
-    expect_inputs=(OUT_GRAPH, OUT_GRAPH),
-    torch_expect_inputs=(OUT_GRAPH, IN_GRAPH),
+    expect_inputs=(OUT_GRAPH, IN_GRAPH),
 )
 def keep_mutations_training_input_with_grad(x, y):
     x.mul_(2)
@@ -365,8 +362,7 @@ def keep_mutations_through_view(x):
 @case(
     inputs=lambda: (rand(3, grad=True), rand(3, grad=True)),
     keep_inference_input_mutations=True,
-    expect_inputs=(OUT_GRAPH, NM),
-    torch_expect_inputs=(IN_GRAPH, NM),
+    expect_inputs=(IN_GRAPH, NM),
 )
 def keep_mutations_leaf_under_no_grad(w, x):
     with torch.no_grad():

@@ -24,7 +24,14 @@ from aotkit_functional import (
     to_functional,
     to_native_functional,
 )
-from aotkit_schemas import DecompositionTable, MutationType, OutputType, ViewAndMutationMeta
+from aotkit_schemas import (
+    DecompositionTable,
+    InputAliasInfo,
+    MutationType,
+    OutputType,
+    ViewAndMutationMeta,
+)
+from torch.autograd.grad_mode import _unsafe_preserve_version_counter
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -94,11 +101,7 @@ def trace_inference(
             plain = [from_functional(r) for r in returns]
             updates = [from_functional(f_args[i]) for i in in_graph]
         for i, new in zip(in_graph, updates, strict=True):
-            original = args[i]
-            if meta.input_info[i].mutates_storage_metadata:
-                original.set_(new)
-            else:
-                original.copy_(new)
+            _apply_kept_mutation(args[i], new, meta.input_info[i])
         return tuple(plain)
 
     # Traced under the caller's grad mode: a function that calls torch.autograd.grad
@@ -155,6 +158,33 @@ def _is_plain_python_call(target: Any) -> bool:
     )
 
 
+def _apply_kept_mutation(original: torch.Tensor, new: torch.Tensor, info: InputAliasInfo) -> None:
+    """Record an input mutation that stays in the graph: ``copy_`` (``set_`` for a storage
+    swap), under no_grad when the program made it there (a leaf that requires grad may be
+    written only so), without bumping the version counter when it was hidden from
+    autograd (``.data``), as eager did."""
+    if info.mutates_storage_metadata:
+        original.set_(new)  # type: ignore[call-overload]
+    elif info.mutations_hidden_from_autograd:
+        with torch.no_grad(), _unsafe_preserve_version_counter(original):
+            original.copy_(new)
+    elif info.mutations_under_no_grad_or_inference_mode:
+        with torch.no_grad():
+            original.copy_(new)
+    else:
+        original.copy_(new)
+
+
+# Note [Input mutations kept in the training graph]
+# With ``keep_inference_input_mutations=True``, torch keeps the data mutations of inputs
+# that autograd does not need to see (buffers that do not require grad, or mutations made
+# under no_grad) in the graph in training too, not only in inference: the joint ends its
+# forward with ``copy_(primals_k, new_value)`` (``set_`` for a storage swap), the partitioner
+# leaves that mutation at the end of the forward graph, and the runtime has nothing to copy
+# back for it. ``mutation_can_stay_in_graph`` in aotkit_schemas decides which mutations
+# qualify; the rest go through the epilogue as usual.
+
+
 def _trace_joint(
     flat_fn: FlatFn,
     fake_args: Sequence[Any],
@@ -174,6 +204,8 @@ def _trace_joint(
             f_tangents = [wrap(t) for t in tangents]
             with torch.enable_grad():
                 returns, _ = _forward_returns(flat_fn, f_primals, meta, for_autograd=True)
+                # See Note [Input mutations kept in the training graph]
+                kept_updates = [unwrap(f_primals[i]) for i in in_graph]
                 outs_and_tangents = [
                     (k, returns[pos], f_tangents[k])
                     for k, pos in enumerate(tangent_positions)
@@ -190,8 +222,11 @@ def _trace_joint(
             check_backward_mutations(primals, f_primals, tangents, f_tangents, meta)
             plain_returns = [unwrap(r) for r in returns]
             plain_grads = [unwrap(g) if g is not None else None for g in grads]
+        for i, new in zip(in_graph, kept_updates, strict=True):
+            _apply_kept_mutation(primals[i], new, meta.input_info[i])
         return [*plain_returns, *plain_grads]
 
+    in_graph = meta.mutated_inp_in_graph_indices
     stale_tangents: dict[int, str] = {}
     saved_outputs = SavedOutputRecorder()
     primals = list(fake_args)

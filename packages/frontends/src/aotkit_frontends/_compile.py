@@ -118,7 +118,10 @@ def _metadata(
     meta, fw_outs = collect_metadata(
         traced_fn,
         fake,
-        keep_input_mutations=cfg.keep_inference_input_mutations and not needs_autograd,
+        # See Note [Input mutations kept in the training graph] (exports keep them in
+        # inference graphs only)
+        keep_input_mutations=cfg.keep_inference_input_mutations
+        and not (needs_autograd and cfg.is_export),
         is_train=needs_autograd,
         static_input_indices=cfg.static_input_indices or (),
         eager_leaf_checks=not cfg.is_export,
@@ -273,6 +276,7 @@ def _single_pass_applies(
     return not (
         shape_env is not None
         or cfg.is_export
+        or cfg.keep_inference_input_mutations  # Note [Input mutations kept in the training graph]
         or not layout.is_trivial
         or not torch.is_grad_enabled()
         or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args)
