@@ -33,7 +33,7 @@ from aotkit_schemas import (
 )
 from torch.autograd.grad_mode import _unsafe_preserve_version_counter
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from ._backward_mutations import check_backward_mutations
 from ._saved_detaches import SavedOutputRecorder, match_python_mode_graph
@@ -175,6 +175,33 @@ def _apply_kept_mutation(original: torch.Tensor, new: torch.Tensor, info: InputA
         original.copy_(new)
 
 
+def last_graph_node() -> torch.fx.Node:
+    """The newest node of the graph make_fx is building."""
+    mode = get_proxy_mode()
+    assert mode is not None, "called inside make_fx"
+    last: torch.fx.Node = next(reversed(mode.tracer.graph.nodes))
+    return last
+
+
+def _move_kept_mutations(gm: torch.fx.GraphModule, forward_end: torch.fx.Node, count: int) -> None:
+    """Put the ``count`` trailing input mutations right after the forward, where torch has
+    them (they are recorded after the backward). See Note [Input mutations kept in the
+    training graph]."""
+    mutations = [
+        n for n in gm.graph.nodes
+        if n.op == "call_function" and n.target in _KEPT_MUTATION_OPS
+        and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"
+    ][-count:]
+    anchor = forward_end
+    for n in mutations:
+        anchor.append(n)
+        anchor = n
+    gm.recompile()
+
+
+_KEPT_MUTATION_OPS = (torch.ops.aten.copy_.default, torch.ops.aten.set_.source_Tensor)
+
+
 # Note [Input mutations kept in the training graph]
 # With ``keep_inference_input_mutations=True``, torch keeps the data mutations of inputs
 # that autograd does not need to see (buffers that do not require grad, or mutations made
@@ -206,6 +233,8 @@ def _trace_joint(
                 returns, _ = _forward_returns(flat_fn, f_primals, meta, for_autograd=True)
                 # See Note [Input mutations kept in the training graph]
                 kept_updates = [unwrap(f_primals[i]) for i in in_graph]
+                if in_graph:
+                    forward_end.append(last_graph_node())
                 outs_and_tangents = [
                     (k, returns[pos], f_tangents[k])
                     for k, pos in enumerate(tangent_positions)
@@ -227,6 +256,7 @@ def _trace_joint(
         return [*plain_returns, *plain_grads]
 
     in_graph = meta.mutated_inp_in_graph_indices
+    forward_end: list[torch.fx.Node] = []
     stale_tangents: dict[int, str] = {}
     saved_outputs = SavedOutputRecorder()
     primals = list(fake_args)
@@ -235,6 +265,8 @@ def _trace_joint(
     # only if someone asks for it (``gm.code``, a call).
     with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
         gm = make_fx(joint, decomposition_table=decompositions)(primals, tangents)
+    if forward_end:
+        _move_kept_mutations(gm, forward_end[0], len(in_graph))
     match_python_mode_graph(gm, saved_outputs)
     # See Note [Backward paths through stale saved values]
     gm.meta[STALE_TANGENTS_KEY] = stale_tangents
