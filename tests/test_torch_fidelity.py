@@ -303,3 +303,47 @@ def test_backward_metadata_mutation_raises_like_torch(fn: Any, make_args: Any) -
     with pytest.raises(AssertionError) as ours:
         aotkit.aot_function(fn, aotkit.nop)(*make_args())
     assert str(ours.value) == str(theirs.value)
+
+
+class _BufferCounter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("buf", torch.zeros(2))
+        self.w = torch.nn.Parameter(torch.ones(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.buf.add_(1)
+        return (self.w * x).tanh().sum() + self.buf.sum()
+
+
+def _graph_texts(aot_module: Any, nop: Any, boxed: Any, make: Any, **kwargs: Any) -> tuple[str, str]:
+    codes: list[str] = []
+
+    def record(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        codes.append(gm.code)
+        return gm
+
+    torch.manual_seed(0)
+    model = make()
+    compiled = aot_module(model, fw_compiler=boxed(record), bw_compiler=boxed(record), **kwargs)
+    compiled(torch.randn(2, requires_grad=True)).sum().backward()
+    fw, bw = codes
+    return fw, bw
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "kwargs"),
+    [
+        # See Note [Detach nodes of saved outputs]: tanh's saved result
+        ("saved outputs", lambda: torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Tanh()), {}),
+        # See Note [Input mutations kept in the training graph]
+        ("kept buffer mutation", _BufferCounter, {"keep_inference_input_mutations": True}),
+        ("buffer mutation", _BufferCounter, {}),
+    ],
+)
+def test_training_graphs_read_as_torchs(name: str, make: Any, kwargs: Any) -> None:
+    ours = _graph_texts(aotkit.aot_module, aotkit.nop, aotkit.make_boxed_compiler, make, **kwargs)
+    theirs = _graph_texts(
+        torch_aot.aot_module, torch_compile.nop, torch_compile.make_boxed_compiler, make, **kwargs
+    )
+    assert ours == theirs, name

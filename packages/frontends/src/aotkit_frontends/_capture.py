@@ -36,7 +36,11 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from ._backward_mutations import check_backward_mutations
-from ._saved_detaches import SavedOutputRecorder, match_python_mode_graph
+from ._saved_detaches import (
+    SavedOutputRecorder,
+    match_python_mode_graph,
+    tag_forward_and_backward,
+)
 
 FlatFn = Callable[..., Sequence[Any]]
 
@@ -176,17 +180,24 @@ def _apply_kept_mutation(original: torch.Tensor, new: torch.Tensor, info: InputA
 
 
 def last_graph_node() -> torch.fx.Node:
-    """The newest node of the graph make_fx is building."""
+    """The newest node of the graph make_fx is building (placeholders made after the
+    forward, like the single pass's tangents, do not count)."""
     mode = get_proxy_mode()
     assert mode is not None, "called inside make_fx"
-    last: torch.fx.Node = next(reversed(mode.tracer.graph.nodes))
-    return last
+    for n in reversed(mode.tracer.graph.nodes):
+        if n.op != "placeholder":
+            last: torch.fx.Node = n
+            return last
+    first: torch.fx.Node = next(iter(mode.tracer.graph.nodes))
+    return first
 
 
-def _move_kept_mutations(gm: torch.fx.GraphModule, forward_end: torch.fx.Node, count: int) -> None:
+def _move_kept_mutations(
+    gm: torch.fx.GraphModule, forward_end: torch.fx.Node, count: int
+) -> torch.fx.Node:
     """Put the ``count`` trailing input mutations right after the forward, where torch has
-    them (they are recorded after the backward). See Note [Input mutations kept in the
-    training graph]."""
+    them (they are recorded after the backward); returns the new end of the forward. See
+    Note [Input mutations kept in the training graph]."""
     mutations = [
         n for n in gm.graph.nodes
         if n.op == "call_function" and n.target in _KEPT_MUTATION_OPS
@@ -197,6 +208,7 @@ def _move_kept_mutations(gm: torch.fx.GraphModule, forward_end: torch.fx.Node, c
         anchor.append(n)
         anchor = n
     gm.recompile()
+    return anchor
 
 
 _KEPT_MUTATION_OPS = (torch.ops.aten.copy_.default, torch.ops.aten.set_.source_Tensor)
@@ -233,8 +245,7 @@ def _trace_joint(
                 returns, _ = _forward_returns(flat_fn, f_primals, meta, for_autograd=True)
                 # See Note [Input mutations kept in the training graph]
                 kept_updates = [unwrap(f_primals[i]) for i in in_graph]
-                if in_graph:
-                    forward_end.append(last_graph_node())
+                forward_end.append(last_graph_node())
                 outs_and_tangents = [
                     (k, returns[pos], f_tangents[k])
                     for k, pos in enumerate(tangent_positions)
@@ -265,8 +276,11 @@ def _trace_joint(
     # only if someone asks for it (``gm.code``, a call).
     with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
         gm = make_fx(joint, decomposition_table=decompositions)(primals, tangents)
-    if forward_end:
-        _move_kept_mutations(gm, forward_end[0], len(in_graph))
+    end = forward_end[0]
+    if in_graph:
+        end = _move_kept_mutations(gm, end, len(in_graph))
+    # See Note [Forward and backward tags]
+    tag_forward_and_backward(gm.graph, end)
     match_python_mode_graph(gm, saved_outputs)
     # See Note [Backward paths through stale saved values]
     gm.meta[STALE_TANGENTS_KEY] = stale_tangents

@@ -149,6 +149,26 @@ def _last_computed(graph: torch.fx.Graph) -> torch.fx.Node | None:
     return None
 
 
+# Note [Forward and backward tags]
+# torch's joint traces tag every node made while the forward runs ``partitioner_tag:
+# is_forward`` and every node of the backward ``is_backward``; its default partitioner puts
+# in the forward every non-tangent node up to the last forward-tagged one. aotkit's joint
+# traces record where the forward ended and tag the same way (``tag_forward_and_backward``),
+# so that a node made by the forward after its last output-producing op (the detach of a
+# saved output, a kept input mutation) stays in the forward graph, as in torch's.
+
+
+def tag_forward_and_backward(graph: torch.fx.Graph, forward_end: torch.fx.Node) -> None:
+    """Tag the nodes up to ``forward_end`` as forward, the rest as backward (placeholders
+    and the output stay untagged). See Note [Forward and backward tags]."""
+    tag = "is_forward"
+    for n in graph.nodes:
+        if n.op not in ("placeholder", "output"):
+            n.meta["partitioner_tag"] = tag
+        if n is forward_end:
+            tag = "is_backward"
+
+
 def match_python_mode_graph(gm: torch.fx.GraphModule, recorder: SavedOutputRecorder) -> None:
     """Make a native joint trace read as the Python mode's: add the detach nodes of Note
     [Detach nodes of saved outputs], and leave out keyword arguments that are None by
@@ -208,30 +228,33 @@ def _add_saved_output_detaches(gm: torch.fx.GraphModule, recorder: SavedOutputRe
         if kind == 0:
             if item in first:
                 continue
-            cursor = first[item] = _insert_detach(graph, anchor, item, item)
+            cursor = first[item] = _insert_detach(graph, anchor, item, item, "is_forward")
             continue
         for v in item.values:
-            cursor = d = _insert_detach(graph, cursor or anchor, first[v], v)
+            cursor = d = _insert_detach(graph, cursor or anchor, first[v], v, "is_backward")
             for user in list(v.users):
                 if user in item.formula:
                     user.replace_input_with(v, d)
 
 
 def _insert_detach(
-    graph: torch.fx.Graph, after: torch.fx.Node, source: torch.fx.Node, value: torch.fx.Node
+    graph: torch.fx.Graph, after: torch.fx.Node, source: torch.fx.Node, value: torch.fx.Node,
+    tag: str,
 ) -> torch.fx.Node:
     with graph.inserting_after(after):
         d = graph.create_node("call_function", _DETACH, (source,), {}, name="detach")
-    _set_meta(d, value)
+    _set_meta(d, value, tag)
     return d
 
 
-def _set_meta(d: torch.fx.Node, value: torch.fx.Node) -> None:
+def _set_meta(d: torch.fx.Node, value: torch.fx.Node, tag: str) -> None:
     # a detach is the same fake tensor as far as the graph's readers care (sizes, strides,
     # storage); sharing the example value saves a fake-tensor dispatch per node
     for key in ("val", "tensor_meta"):
         if key in value.meta:
             d.meta[key] = value.meta[key]
+    # See Note [Forward and backward tags]: the first detach is made in the forward
+    d.meta["partitioner_tag"] = tag
 
 
 def _rebuild_with_detaches(gm: torch.fx.GraphModule, events: list[tuple[int, int, int, Any]]) -> None:
@@ -252,9 +275,9 @@ def _rebuild_with_detaches(gm: torch.fx.GraphModule, events: list[tuple[int, int
     first: dict[torch.fx.Node, torch.fx.Node] = {}
     unpacked: dict[int, dict[torch.fx.Node, torch.fx.Node]] = {}
 
-    def detach_of(source: torch.fx.Node, value: torch.fx.Node) -> torch.fx.Node:
+    def detach_of(source: torch.fx.Node, value: torch.fx.Node, tag: str) -> torch.fx.Node:
         d = new.create_node("call_function", _DETACH, (source,), {}, name="detach")
-        _set_meta(d, value)
+        _set_meta(d, value, tag)
         return d
 
     for i, node in enumerate(old.nodes):
@@ -275,9 +298,11 @@ def _rebuild_with_detaches(gm: torch.fx.GraphModule, events: list[tuple[int, int
         for kind, item in at.get(i, ()):
             if kind == 0:
                 if item not in first:
-                    first[item] = detach_of(env[item], item)
+                    first[item] = detach_of(env[item], item, "is_forward")
             else:
-                unpacked[id(item)] = {v: detach_of(first[v], v) for v in item.values}
+                unpacked[id(item)] = {
+                    v: detach_of(first[v], v, "is_backward") for v in item.values
+                }
     gm.graph = new
 
 

@@ -76,8 +76,12 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._capture import STALE_TANGENTS_KEY, FlatFn, needs_python_mode, primal_grads
-from ._saved_detaches import SavedOutputRecorder, match_python_mode_graph
+from ._capture import STALE_TANGENTS_KEY, FlatFn, last_graph_node, needs_python_mode, primal_grads
+from ._saved_detaches import (
+    SavedOutputRecorder,
+    match_python_mode_graph,
+    tag_forward_and_backward,
+)
 
 
 class NotSinglePass(Exception):
@@ -292,6 +296,7 @@ def trace_single_pass(
             tangents = _tangent_placeholders([outs[j] for j in positions])
             f_tangents = [to_native_functional(t) for t in tangents]
             writes_after_forward = [mutation_count(fp) for fp in f_primals]
+            found["forward_end"] = last_graph_node()
             # See Note [Detach nodes of saved outputs]
             saved_outputs.watch([outs[j] for j in positions])
             try:
@@ -330,6 +335,8 @@ def trace_single_pass(
     if any(needs_python_mode(n) for n in gm.graph.nodes):
         raise NotSinglePass("the traced graph keeps an op the Python mode rewrites")
     tangents: list[torch.Tensor] = found["tangents"]
+    # See Note [Forward and backward tags]
+    tag_forward_and_backward(gm.graph, found["forward_end"])
     match_python_mode_graph(gm, saved_outputs)
     _move_tangents_after_primals(gm, primals, tangents)
     meta = _meta(found["input_info"], found["f_outs"], tangents, static_input_indices)
