@@ -45,18 +45,19 @@ from ._saved_detaches import (
 FlatFn = Callable[..., Sequence[Any]]
 
 
-def _fresh_input(arg: Any, mutates_data: bool, mutates_metadata: bool) -> Any:
+def _fresh_input(arg: Any, info: InputAliasInfo) -> Any:
     """An input that autograd can differentiate through after the function mutates it.
 
-    torch.autograd.grad must see the value *before* the mutation, so a mutated input that
-    requires grad is replaced by a clone (data mutation) or a trivial view (metadata
-    mutation) before the user's function runs.
+    torch.autograd.grad must see the value *before* the mutation, so, as in torch, a
+    data-mutated input that requires grad after the call (``x.add_(y)`` makes ``x``
+    require grad when ``y`` does) is replaced by a clone, and a metadata-mutated input by a
+    trivial view, before the user's function runs.
     """
-    if not isinstance(arg, torch.Tensor) or not arg.requires_grad:
+    if not isinstance(arg, torch.Tensor):
         return arg
-    if mutates_data:
+    if info.mutates_data and info.requires_grad:
         return arg.clone()
-    if mutates_metadata:
+    if info.mutates_metadata:
         return arg.view(arg.shape)
     return arg
 
@@ -73,7 +74,7 @@ def _forward_returns(
     if for_autograd:
         for i, info in enumerate(meta.input_info):
             if info.mutation_type is MutationType.MUTATED_OUT_GRAPH:
-                run_args[i] = _fresh_input(f_args[i], info.mutates_data, info.mutates_metadata)
+                run_args[i] = _fresh_input(f_args[i], info)
     outs = list(flat_fn(*run_args))
     bases: list[Any] = [None] * meta.num_intermediate_bases
     for o, out_info in zip(outs, meta.output_info, strict=True):
