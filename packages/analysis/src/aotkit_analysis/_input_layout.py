@@ -8,7 +8,8 @@
 #     mutated: the group is replaced by one *synthetic base* input and the traced function
 #     regenerates each member with ``as_strided`` off that base, so functionalization sees
 #     the aliasing. Groups that are never mutated need no base.
-# The compiled inputs are ``(*kept user inputs in order, *synthetic bases)``. The layout is
+# The compiled inputs are ``(*synthetic bases, *kept user inputs in order)``, torch's order
+# (so ``primals_1`` is the first base and parameters need not come first). The layout is
 # a function of the runtime aliasing pattern, so the frontend computes it on every call and
 # compiles once per distinct pattern (it never assumes the first call's pattern).
 #
@@ -110,15 +111,20 @@ class InputLayout:
         from a synthetic base)."""
         first = self.first_occurrence[user_index]
         try:
-            return self.kept.index(first)
+            return len(self.synthetic_bases) + self.kept.index(first)
         except ValueError:
             return None
 
+    def kept_positions(self) -> list[tuple[int, int]]:
+        """(compiled position, user index) of every input passed straight through."""
+        n_bases = len(self.synthetic_bases)
+        return [(n_bases + pos, i) for pos, i in enumerate(self.kept)]
+
     def compiled_args(self, flat_args: Sequence[Any]) -> list[Any]:
-        """Map runtime user inputs to compiled inputs (builds synthetic bases)."""
-        out = [flat_args[i] for i in self.kept]
-        for group in self.synthetic_bases:
-            out.append(_make_base(flat_args, group))
+        """Map runtime user inputs to compiled inputs (builds synthetic bases): the bases
+        first, then the inputs passed through, as torch orders them."""
+        out = [_make_base(flat_args, group) for group in self.synthetic_bases]
+        out += [flat_args[i] for i in self.kept]
         return out
 
     def wrap_for_tracing(self, flat_fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -129,10 +135,10 @@ class InputLayout:
 
         def with_layout(*compiled_args: Any) -> Any:
             user: list[Any] = [None] * layout.num_user_inputs
-            for pos, i in enumerate(layout.kept):
+            for pos, i in layout.kept_positions():
                 user[i] = compiled_args[pos]
             for g, group in enumerate(layout.synthetic_bases):
-                base = compiled_args[len(layout.kept) + g]
+                base = compiled_args[g]
                 for m in group.members:
                     if m.user_index == group.base_user_index:
                         # the member that is the base is the compiled input itself

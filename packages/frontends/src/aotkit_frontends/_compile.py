@@ -143,13 +143,15 @@ def _fakify(
         compiled_args,
         fake_mode,
         shape_env,
-        num_params_buffers=_num_params_after_layout(layout, cfg.num_params_buffers),
+        num_params_buffers=cfg.num_params_buffers,
+        static_positions=_static_positions(layout, cfg.num_params_buffers),
         is_export=cfg.is_export,
     )
 
 
-def _num_params_after_layout(layout: InputLayout, num_params_buffers: int) -> int:
-    return sum(1 for i in layout.kept if i < num_params_buffers)
+def _static_positions(layout: InputLayout, num_params_buffers: int) -> frozenset[int]:
+    """Compiled positions of the parameters and buffers (fakified with static shapes)."""
+    return frozenset(c for c, i in layout.kept_positions() if i < num_params_buffers)
 
 
 def _as_inference(meta: ViewAndMutationMeta, keep_input_mutations: bool) -> ViewAndMutationMeta:
@@ -314,8 +316,9 @@ def _finish(
     if shape_env is not None and detect_fake_mode(list(flat_args)) is None:
         # A ShapeEnv made for this compilation: guard the entry (See Note [Shape guards]).
         # A fake mode that came with the inputs (dynamo's) belongs to a caller that guards.
-        n_static = _num_params_after_layout(layout, cfg.num_params_buffers)
-        artifacts.guard = ShapeGuard.build(shape_env, fake, range(n_static, len(fake)), layout)
+        static = _static_positions(layout, cfg.num_params_buffers)
+        dynamic = [c for c in range(len(fake)) if c not in static]
+        artifacts.guard = ShapeGuard.build(shape_env, fake, dynamic, layout)
     trivial = layout.is_trivial
     if trivial and not needs_epilogue(meta):
         # the forward returns are the user outputs (See Note [Specialised runtime paths])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from typing import Any
 
 import torch
@@ -32,11 +32,13 @@ def fakify_inputs(
     num_params_buffers: int,
     is_export: bool = False,
     static_weight_shapes: bool = True,
+    static_positions: Container[int] | None = None,
 ) -> list[Any]:
     """Fake versions of ``flat_args``.
 
     With a shape env, tensor sizes become symbolic (parameters and buffers keep static
-    shapes when ``static_weight_shapes``) and Python ints become SymInts, except in
+    shapes when ``static_weight_shapes``; they are the first ``num_params_buffers`` inputs,
+    or the ``static_positions`` when given) and Python ints become SymInts, except in
     export, which specializes on ints.
     """
     out: list[Any] = []
@@ -53,7 +55,12 @@ def fakify_inputs(
                 out.append(
                     _fakify_tensor(
                         x, fake_mode, shape_env,
-                        param=idx < num_params_buffers and static_weight_shapes,
+                        param=(
+                            idx in static_positions
+                            if static_positions is not None
+                            else idx < num_params_buffers
+                        )
+                        and static_weight_shapes,
                     )
                 )
             elif isinstance(x, int) and not isinstance(x, bool) and shape_env is not None and not is_export:

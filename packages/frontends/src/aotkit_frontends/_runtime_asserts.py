@@ -100,7 +100,7 @@ def requires_grad_check(
     n = cfg.num_params_buffers
     # (user index, whether a tensor was expected, message), in compiled-input order
     checks: list[tuple[int, bool, str]] = []
-    for c, u in enumerate(layout.kept):
+    for c, u in layout.kept_positions():
         a = flat_args[u]
         if not isinstance(a, torch.Tensor):
             checks.append((u, False, f"expected non-Tensor for arg {c}, got Tensor"))
