@@ -356,6 +356,7 @@ def test_single_pass_gives_the_two_pass_graphs_and_metadata() -> None:
         ("grad mode left off", lambda x: (x.sin(), torch.set_grad_enabled(False))[0], lambda: (torch.randn(3, requires_grad=True),)),
         ("no grad needed", lambda x: x.sin(), lambda: (torch.randn(3),)),
         ("buffer metadata mutation", lambda x, b: (b.t_(), x.sin())[1], lambda: (torch.randn(3, requires_grad=True), torch.zeros(2, 3))),
+        ("mutated input sharing memory", lambda a, b, c: (a.mul_(2), b + 1, c + 1)[1:], lambda: (lambda x: (x.view(-1), x.view(-1), torch.ones(4, requires_grad=True)))(torch.ones(2, 2) + 1)),
     ],
 )
 def test_programs_outside_the_single_pass_take_the_general_flow(

@@ -195,3 +195,22 @@ def aliased_input_expanded_from_another(x, expanded):
     row = expanded[0:1]
     row.add_(1.5)
     return (row,)
+
+
+def _two_views_of_a_buffer_and_a_grad_input():
+    x = rand(2, 2)
+    return x.view(-1), x.view(-1), rand(2, 2, grad=True)
+
+
+@case(inputs=_two_views_of_a_buffer_and_a_grad_input)
+def mutated_view_aliases_another_input_in_training(a, b, c):
+    # torch's test_input_mutation_aliases_and_none_require_gradients: ``b`` must see the
+    # mutation made through ``a`` (a training graph, since ``c`` requires grad)
+    a.mul_(2)
+    return b + 1, c + 1
+
+
+@case(inputs=_two_views_of_a_buffer_and_a_grad_input, keep_inference_input_mutations=True)
+def mutated_view_aliases_another_input_in_training_kept(a, b, c):
+    a.mul_(2)
+    return b + 1, c + 1

@@ -273,8 +273,8 @@ def _single_pass_applies(
     flat_args: Sequence[Any], layout: InputLayout, cfg: AOTConfig, shape_env: Any
 ) -> bool:
     """Whether to try Note [Single-pass joint trace]: training calls (grad mode on, an
-    input requiring grad) with static shapes and no duplicated or aliased inputs, outside
-    export."""
+    input requiring grad) with static shapes and no duplicated inputs or inputs sharing
+    memory, outside export."""
     return not (
         shape_env is not None
         or cfg.is_export
@@ -282,7 +282,21 @@ def _single_pass_applies(
         or not layout.is_trivial
         or not torch.is_grad_enabled()
         or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args)
+        # inputs that share memory need the two-pass flow's synthetic bases as soon as one
+        # of them is mutated, which only the metadata pass can tell
+        or _inputs_share_storage(flat_args)
     )
+
+
+def _inputs_share_storage(flat_args: Sequence[Any]) -> bool:
+    storages: set[int] = set()
+    for a in flat_args:
+        if isinstance(a, torch.Tensor) and not (a.is_sparse or a.is_mkldnn):
+            s = a.untyped_storage()._cdata
+            if s in storages:
+                return True
+            storages.add(s)
+    return False
 
 
 def _try_single_pass(
