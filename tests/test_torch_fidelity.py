@@ -347,3 +347,19 @@ def test_training_graphs_read_as_torchs(name: str, make: Any, kwargs: Any) -> No
         torch_aot.aot_module, torch_compile.nop, torch_compile.make_boxed_compiler, make, **kwargs
     )
     assert ours == theirs, name
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_metadata_mutation_of_a_subclass_input_raises_before_touching_it(requires_grad: bool) -> None:
+    # pytorch#114975: aotkit cannot replay a metadata mutation onto a wrapper subclass's
+    # inner tensors; it raises torch's error (it used to return a broken tensor)
+    def f(a: torch.Tensor) -> torch.Tensor:
+        a.transpose_(1, 0)
+        return a.mul(2).transpose(1, 0)
+
+    with TwoTensorMode():
+        x = torch.ones(1, 2, 4, requires_grad=requires_grad).clone().add(1)
+    before = (x.shape, x.stride(), x.a.shape, x.a.stride())
+    with pytest.raises(RuntimeError, match="Metadata mutations are currently not allowed on tensor subclasses"):
+        aotkit.aot_function(f, aotkit.nop)(x)
+    assert (x.shape, x.stride(), x.a.shape, x.a.stride()) == before

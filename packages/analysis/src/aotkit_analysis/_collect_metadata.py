@@ -35,6 +35,7 @@ from aotkit_schemas import (
     ViewAndMutationMeta,
 )
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 
 def _is_custom_function_output(t: torch.Tensor) -> bool:
@@ -122,6 +123,13 @@ def collect_metadata(
             input_alias_info(a, fa, keep_input_mutations=keep_input_mutations)
             for a, fa in zip(flat_args, f_args, strict=True)
         ]
+        for a, info in zip(flat_args, input_info, strict=True):
+            if info.mutates_metadata and is_traceable_wrapper_subclass(a):
+                # the epilogue cannot replay a metadata change onto a wrapper subclass's
+                # inner tensors (torch's error, pytorch#114975)
+                raise RuntimeError(
+                    "Metadata mutations are currently not allowed on tensor subclasses"
+                )
         output_info, intermediate_bases = _classify_outputs(f_args, f_outs)
 
         tangent_sources: list[torch.Tensor] = []
