@@ -187,37 +187,20 @@ def _legit_batch_norm(
 
 
 def _mutated_inputs(primals: Sequence[Any], f_primals: Sequence[Any]) -> list[InputAliasInfo]:
-    """Every input's InputAliasInfo; raises NotSinglePass unless each mutation is a data
-    write to an input that does not require grad."""
-    infos = []
-    for p, fp in zip(primals, f_primals, strict=True):
-        if not isinstance(p, torch.Tensor):
-            infos.append(input_alias_info(p, fp, keep_input_mutations=False))
-            continue
-        if not input_was_changed(fp, p):
-            infos.append(_UNCHANGED_TENSOR[bool(p.is_leaf), bool(fp.requires_grad)])
-            continue
-        info = input_alias_info(p, fp, keep_input_mutations=False)
-        if info.mutates_metadata or info.mutates_storage_metadata or info.requires_grad:
+    """Every input's InputAliasInfo, as the metadata pass records it; raises NotSinglePass
+    unless each mutation is a data write to an input that does not require grad."""
+    infos = [
+        input_alias_info(p, fp, keep_input_mutations=False)
+        for p, fp in zip(primals, f_primals, strict=True)
+    ]
+    for info in infos:
+        if (
+            info.mutates_metadata
+            or info.mutates_storage_metadata
+            or (info.mutates_data and info.requires_grad)
+        ):
             raise NotSinglePass("the function mutates an input in a way the two-pass flow handles")
-        infos.append(info)
     return infos
-
-
-_UNCHANGED_TENSOR = {
-    (is_leaf, requires_grad): InputAliasInfo(
-        is_leaf=is_leaf,
-        mutates_data=False,
-        mutates_metadata=False,
-        mutations_hidden_from_autograd=False,
-        mutations_under_no_grad_or_inference_mode=False,
-        mutates_storage_metadata=False,
-        requires_grad=requires_grad,
-        keep_input_mutations=False,
-    )
-    for is_leaf in (False, True)
-    for requires_grad in (False, True)
-}
 
 
 def _check_plain_outputs(f_primals: Sequence[Any], outs: Sequence[Any]) -> None:
