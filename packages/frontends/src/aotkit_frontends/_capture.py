@@ -38,6 +38,7 @@ from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 from ._backward_mutations import check_backward_mutations
 from ._saved_detaches import (
     SavedOutputRecorder,
+    last_computed,
     match_python_mode_graph,
     tag_forward_and_backward,
 )
@@ -181,16 +182,16 @@ def _apply_kept_mutation(original: torch.Tensor, new: torch.Tensor, info: InputA
 
 
 def last_graph_node() -> torch.fx.Node:
-    """The newest node of the graph make_fx is building (placeholders made after the
-    forward, like the single pass's tangents, do not count)."""
+    """The newest non-placeholder node of the graph make_fx is building (placeholders made
+    after the forward, like the single pass's tangents, do not count)."""
     mode = get_proxy_mode()
     assert mode is not None, "called inside make_fx"
-    for n in reversed(mode.tracer.graph.nodes):
-        if n.op != "placeholder":
-            last: torch.fx.Node = n
-            return last
-    first: torch.fx.Node = next(iter(mode.tracer.graph.nodes))
-    return first
+    graph = mode.tracer.graph
+    node = last_computed(graph)
+    if node is None:  # a forward that ran no op (it returns its inputs)
+        first: torch.fx.Node = next(iter(graph.nodes))
+        return first
+    return node
 
 
 def _move_kept_mutations(

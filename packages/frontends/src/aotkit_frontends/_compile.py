@@ -33,9 +33,7 @@ from aotkit_schemas import (
     PartitionResult,
     ViewAndMutationMeta,
     graph_outputs,
-    is_boxed,
     reads_graph_only,
-    unboxed_entry,
 )
 from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
@@ -143,7 +141,6 @@ def _fakify(
         compiled_args,
         fake_mode,
         shape_env,
-        num_params_buffers=cfg.num_params_buffers,
         static_positions=_static_positions(layout, cfg.num_params_buffers),
         is_export=cfg.is_export,
     )
@@ -371,18 +368,11 @@ def _compile_inference(
     with track_graph_compiling(cfg, "inference"):
         raw = compiler(gm, fake)
     compiled = as_list_caller(raw)
-    direct = unboxed_entry(raw)
-    if direct is not None:
-        # (See Note [Boxed calling convention]) no list to copy, no boxing frame
-        def call_direct(args: list[Any]) -> Sequence[Any]:
-            return direct(*args)  # type: ignore[no-any-return]
-
-        compiled = call_direct
-    elif is_boxed(raw):
+    if compiled is raw:
         # A boxed graph may clear the list it gets (Note [Boxed calling convention]); the
         # epilogue still reads the arguments, so it gets a copy. (The training path's
         # autograd.Function builds its own list.)
-        boxed = compiled
+        boxed: Callable[[list[Any]], Sequence[Any]] = compiled
 
         def call_with_copy(args: list[Any]) -> Sequence[Any]:
             return boxed(list(args))

@@ -29,17 +29,15 @@ def fakify_inputs(
     fake_mode: FakeTensorMode,
     shape_env: ShapeEnv | None,
     *,
-    num_params_buffers: int,
+    static_positions: Container[int],
     is_export: bool = False,
     static_weight_shapes: bool = True,
-    static_positions: Container[int] | None = None,
 ) -> list[Any]:
     """Fake versions of ``flat_args``.
 
-    With a shape env, tensor sizes become symbolic (parameters and buffers keep static
-    shapes when ``static_weight_shapes``; they are the first ``num_params_buffers`` inputs,
-    or the ``static_positions`` when given) and Python ints become SymInts, except in
-    export, which specializes on ints.
+    With a shape env, tensor sizes become symbolic (parameters and buffers, the inputs at
+    ``static_positions``, keep static shapes when ``static_weight_shapes``) and Python
+    ints become SymInts, except in export, which specializes on ints.
     """
     out: list[Any] = []
     with fake_mode:
@@ -55,12 +53,7 @@ def fakify_inputs(
                 out.append(
                     _fakify_tensor(
                         x, fake_mode, shape_env,
-                        param=(
-                            idx in static_positions
-                            if static_positions is not None
-                            else idx < num_params_buffers
-                        )
-                        and static_weight_shapes,
+                        param=idx in static_positions and static_weight_shapes,
                     )
                 )
             elif isinstance(x, int) and not isinstance(x, bool) and shape_env is not None and not is_export:

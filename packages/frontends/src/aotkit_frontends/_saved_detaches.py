@@ -91,7 +91,7 @@ class SavedOutputRecorder:
 
         def pre(grad_outputs: Any) -> None:
             saves.runs += 1
-            saves.before = _last_computed(graph)
+            saves.before = last_computed(graph)
 
         def post(grad_inputs: Any, grad_outputs: Any) -> None:
             n = saves.before.next if saves.before is not None else None
@@ -139,7 +139,7 @@ def _graph_value(t: torch.Tensor, tracer: Any) -> torch.fx.Node | None:
     return node if isinstance(node, torch.fx.Node) else None
 
 
-def _last_computed(graph: torch.fx.Graph) -> torch.fx.Node | None:
+def last_computed(graph: torch.fx.Graph) -> torch.fx.Node | None:
     """The last node that is not a placeholder (tangent placeholders are made after the
     forward, but belong at the top)."""
     for n in reversed(graph.nodes):

@@ -287,14 +287,8 @@ def make_autograd_function(
 def _backward_caller(compiled: Callable[..., Any]) -> Callable[[list[Any]], Sequence[Any]]:
     """How the backward calls the compiled backward graph with its list of arguments: See
     Note [Boxed calling convention]. A stealing entry frees the saved activations while
-    the backward runs; otherwise the unboxed entry, or the graph's own convention."""
-    steal = stealing_entry(compiled)
-    if steal is not None:
-        return steal
-    direct = unboxed_entry(compiled)
-    if direct is not None:
-        return lambda args: direct(*args)  # type: ignore[no-any-return]
-    return as_list_caller(compiled)
+    the backward runs; otherwise ``as_list_caller``."""
+    return stealing_entry(compiled) or as_list_caller(compiled)
 
 
 def _delay_error(g: Any) -> Any:
