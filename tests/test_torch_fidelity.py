@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch._functorch.aot_autograd as torch_aot
 from aotkit_frontends import default_decompositions
-from aotkit_frontends._backward_mutations import (
+from aotkit_capture import (
     BACKWARD_INPUT_METADATA_MUTATION,
     BACKWARD_TANGENT_METADATA_MUTATION,
 )

@@ -70,6 +70,9 @@ class Package:
     workspace_deps: tuple[str, ...]
     # names of its optional-dependency groups ([project.optional-dependencies])
     extras: tuple[str, ...] = ()
+    # workspace distributions that only its extras declare (e.g. a ``testing`` extra that
+    # brings the sibling packages its own tests compile with)
+    extra_workspace_deps: tuple[str, ...] = ()
 
     def requirement(self, with_extras: bool) -> str:
         """A PEP 508 direct reference to the package's directory, optionally with all extras."""
@@ -100,13 +103,16 @@ def discover_packages() -> dict[str, Package]:
     packages: dict[str, Package] = {}
     for dist, (path, data) in raw.items():
         deps = [requirement_name(r) for r in data["project"].get("dependencies", [])]
+        optional = data["project"].get("optional-dependencies", {})
+        extra_deps = {requirement_name(r) for group in optional.values() for r in group}
         packages[dist] = Package(
             area=path.name,
             path=path,
             dist=dist,
             import_name=import_name_of(path, data),
             workspace_deps=tuple(d for d in deps if d in raw),
-            extras=tuple(sorted(data["project"].get("optional-dependencies", {}))),
+            extras=tuple(sorted(optional)),
+            extra_workspace_deps=tuple(sorted(d for d in extra_deps if d in raw)),
         )
     return packages
 
@@ -120,8 +126,11 @@ def import_name_of(path: Path, data: dict[str, Any]) -> str:
         return normalize(data["project"]["name"]).replace("-", "_")
 
 
-def workspace_closure(dist: str, packages: dict[str, Package]) -> list[Package]:
-    """``dist`` and every workspace package it needs, dependencies first."""
+def workspace_closure(
+    dist: str, packages: dict[str, Package], *, with_extras: bool = False
+) -> list[Package]:
+    """``dist`` and every workspace package it needs, dependencies first; with
+    ``with_extras``, also those that ``dist``'s own extras declare."""
     order: list[Package] = []
     seen: set[str] = set()
 
@@ -135,6 +144,9 @@ def workspace_closure(dist: str, packages: dict[str, Package]) -> list[Package]:
         seen.add(name)
         order.append(packages[name])
 
+    if with_extras:
+        for dep in packages[dist].extra_workspace_deps:
+            visit(dep, ())
     visit(dist, ())
     return order
 
@@ -228,7 +240,7 @@ def check_package(
     tests_dir = package.path / "tests"
     has_tests = tests != "none" and tests_dir.is_dir() and any(tests_dir.rglob("test_*.py"))
     extras = ["pytest", *test_extras(tests_dir)] if has_tests else []
-    closure = workspace_closure(package.dist, packages)
+    closure = workspace_closure(package.dist, packages, with_extras=True)
     install: list[str | Path] = [uv, "pip", "install", "-q", "--python", python, "--no-sources"]
     # the package under test with all its extras (its tests may exercise them), its
     # workspace dependencies as plain requirements

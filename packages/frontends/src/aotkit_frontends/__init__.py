@@ -1,4 +1,15 @@
-"""aotkit_frontends: aot_function, aot_module, the export APIs and the torch.compile backend."""
+"""aotkit_frontends: aot_function, aot_module, the export APIs and the torch.compile backend.
+
+The user-facing entry points and their argument handling; the tracing core they share is
+``aotkit_capture``, whose public errors and compilation-context queries are re-exported here.
+"""
+
+from aotkit_capture import AOTCompileError as AOTCompileError
+from aotkit_capture import AOTExportError as AOTExportError
+from aotkit_capture import CompiledArtifacts as CompiledArtifacts
+from aotkit_capture import get_aot_compilation_context as get_aot_compilation_context
+from aotkit_capture import get_aot_graph_name as get_aot_graph_name
+from aotkit_capture import get_graph_being_compiled as get_graph_being_compiled
 
 from ._aot_function import AOTModule as AOTModule
 from ._aot_function import CompiledCache as CompiledCache
@@ -7,10 +18,6 @@ from ._aot_function import aot_module as aot_module
 from ._aot_function import compiled_function as compiled_function
 from ._aot_function import compiled_module as compiled_module
 from ._attribute_guard import TensorAttributeAssignedError as TensorAttributeAssignedError
-from ._compile import CompiledArtifacts as CompiledArtifacts
-from ._context import get_aot_compilation_context as get_aot_compilation_context
-from ._context import get_aot_graph_name as get_aot_graph_name
-from ._context import get_graph_being_compiled as get_graph_being_compiled
 from ._dynamo_backend import AotAutograd as AotAutograd
 from ._dynamo_backend import aot_autograd as aot_autograd
 from ._dynamo_backend import default_decompositions as default_decompositions
@@ -19,10 +26,8 @@ from ._dynamo_backend import dtype_from_inputs as dtype_from_inputs
 from ._dynamo_backend import fake_tensor_unsupported as fake_tensor_unsupported
 from ._dynamo_backend import mem_efficient_fusion_kwargs as mem_efficient_fusion_kwargs
 from ._dynamo_backend import register_dynamo_backends as register_dynamo_backends
-from ._errors import AOTCompileError as AOTCompileError
 from ._export import aot_export_joint_simple as aot_export_joint_simple
 from ._export import aot_export_module as aot_export_module
-from ._export_trace import AOTExportError as AOTExportError
 from ._outputs import UnsupportedOutputError as UnsupportedOutputError
 from ._simplified import aot_module_simplified as aot_module_simplified
 

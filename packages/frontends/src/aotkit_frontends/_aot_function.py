@@ -14,10 +14,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
+from aotkit_capture import CompiledArtifacts, Runner, compile_flat
 from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig
 
-from ._compile import CompiledArtifacts, Runner, compile_flat
 from ._guards import input_key
 from ._outputs import OutputLayout, flatten_function
 

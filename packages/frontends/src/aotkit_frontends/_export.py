@@ -15,6 +15,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
+from aotkit_capture import AOTExportError, TracedGraphs, retrace_flat, trace_for_export
 from aotkit_partitioners import default_partition
 from aotkit_schemas import GraphSignature, OutputType, ViewAndMutationMeta, graph_outputs
 from torch._guards import detect_fake_mode
@@ -22,7 +23,6 @@ from torch.nn.utils import stateless
 
 from ._aot_function import make_config
 from ._attribute_guard import detect_attribute_assignment
-from ._export_trace import AOTExportError, TracedGraphs, retrace_flat, trace_for_export
 from ._outputs import OutputLayout, flatten_function
 from ._signature import build_graph_signature
 

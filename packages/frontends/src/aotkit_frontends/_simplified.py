@@ -25,6 +25,7 @@ import torch
 import torch._functorch.config as functorch_config
 import torch.fx
 import torch.nn as nn
+from aotkit_capture import compile_flat
 from aotkit_partitioners import default_partition
 from torch._dynamo.utils import GmWrapper
 from torch._guards import Source, TracingContext
@@ -32,7 +33,6 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils import stateless
 
 from ._aot_function import _resolve_partitioner, make_config
-from ._compile import compile_flat
 from ._outputs import OutputLayout
 from ._runtime_asserts import (
     Check,

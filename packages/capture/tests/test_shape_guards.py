@@ -1,4 +1,4 @@
-"""Unit tests for Note [Shape guards]: dynamic cache keys, ShapeGuard, caller-owned fake modes."""
+"""Unit tests for Note [Shape guards]: ShapeGuard and caller-owned fake modes."""
 
 from __future__ import annotations
 
@@ -7,30 +7,12 @@ from typing import Any
 import torch
 from aotkit_analysis import compute_input_layout
 from aotkit_backends import nop
-from aotkit_frontends._aot_function import make_config
-from aotkit_frontends._compile import compile_flat
-from aotkit_frontends._guards import ShapeGuard, input_key
+from aotkit_capture import ShapeGuard, compile_flat
 from aotkit_partitioners import default_partition
+from aotkit_schemas import AOTConfig
 from torch._dynamo.source import ConstantSource
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
-
-def test_dynamic_key_drops_sizes_except_for_static_inputs() -> None:
-    w, x = torch.randn(3, 4), torch.randn(5, 4)
-    same_key = input_key([w, torch.randn(9, 4)], dynamic=True, num_static=1)
-    assert input_key([w, x], dynamic=True, num_static=1) == same_key
-    assert input_key([w, x], dynamic=True, num_static=1) != input_key(
-        [torch.randn(2, 4), x], dynamic=True, num_static=1
-    )
-    assert input_key([w, x], dynamic=False) != input_key([w, torch.randn(9, 4)], dynamic=False)
-
-
-def test_dynamic_key_keeps_sizes_of_aliased_inputs() -> None:
-    """Synthetic bases bake the sizes of aliased inputs into the graph."""
-    a, b = torch.randn(4, 3), torch.randn(6, 3)
-    assert input_key([a, a[1]], dynamic=True) != input_key([b, b[1]], dynamic=True)
-    assert input_key([a, a], dynamic=True) == input_key([b, b], dynamic=True)
 
 
 def _fake(shape_env: ShapeEnv, *tensors: torch.Tensor) -> list[Any]:
@@ -70,7 +52,17 @@ def test_compile_flat_reuses_a_fake_mode_with_shape_env() -> None:
     def flat_fn(w: torch.Tensor, x: torch.Tensor) -> list[torch.Tensor]:
         return [(x @ w).relu().sum(0) / x.shape[0]]
 
-    cfg = make_config(compiler, None, default_partition, None, 1, False, None, dynamic=True)
+    cfg = AOTConfig(
+        fw_compiler=compiler,
+        bw_compiler=compiler,
+        inference_compiler=compiler,
+        partition_fn=default_partition,
+        decompositions={},
+        num_params_buffers=1,
+        aot_id=0,
+        keep_inference_input_mutations=False,
+        dynamic_shapes=True,
+    )
     runner, artifacts = compile_flat(flat_fn, [w, x], cfg)
     assert artifacts.guard is None
     fw = seen[0]

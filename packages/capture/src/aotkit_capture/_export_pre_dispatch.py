@@ -38,7 +38,7 @@ from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ._capture import FlatFn
+from ._trace import FlatFn
 
 
 def trace_pre_dispatch(

@@ -1,0 +1,63 @@
+"""aotkit_capture: from a flat function and its flat inputs to compiled graphs and a runner.
+
+Fakification, the metadata and joint traces (single pass, two passes, native or Python
+functionalization), saved-output detaches, forward/backward tags, shape guards, the
+tracing-error translation, the compile pipeline (``compile_flat``) and the export traces.
+The user-facing entry points that call it live in ``aotkit_frontends``.
+"""
+
+from ._backward_mutations import (
+    BACKWARD_INPUT_METADATA_MUTATION as BACKWARD_INPUT_METADATA_MUTATION,
+)
+from ._backward_mutations import (
+    BACKWARD_TANGENT_METADATA_MUTATION as BACKWARD_TANGENT_METADATA_MUTATION,
+)
+from ._compile import CompiledArtifacts as CompiledArtifacts
+from ._compile import Runner as Runner
+from ._compile import compile_flat as compile_flat
+from ._context import get_aot_compilation_context as get_aot_compilation_context
+from ._context import get_aot_graph_name as get_aot_graph_name
+from ._context import get_graph_being_compiled as get_graph_being_compiled
+from ._context import set_model_name as set_model_name
+from ._context import track_graph_compiling as track_graph_compiling
+from ._errors import AOTCompileError as AOTCompileError
+from ._errors import explain_tracing_errors as explain_tracing_errors
+from ._export_trace import AOTExportError as AOTExportError
+from ._export_trace import TracedGraphs as TracedGraphs
+from ._export_trace import retrace_flat as retrace_flat
+from ._export_trace import trace_for_export as trace_for_export
+from ._fakify import construct_fake_mode as construct_fake_mode
+from ._fakify import fakify_inputs as fakify_inputs
+from ._shape_guards import ShapeGuard as ShapeGuard
+from ._single_pass import NotSinglePass as NotSinglePass
+from ._single_pass import trace_single_pass as trace_single_pass
+from ._trace import FlatFn as FlatFn
+from ._trace import trace_inference as trace_inference
+from ._trace import trace_joint as trace_joint
+
+__all__ = [
+    "BACKWARD_INPUT_METADATA_MUTATION",
+    "BACKWARD_TANGENT_METADATA_MUTATION",
+    "AOTCompileError",
+    "AOTExportError",
+    "CompiledArtifacts",
+    "FlatFn",
+    "NotSinglePass",
+    "Runner",
+    "ShapeGuard",
+    "TracedGraphs",
+    "compile_flat",
+    "construct_fake_mode",
+    "explain_tracing_errors",
+    "fakify_inputs",
+    "get_aot_compilation_context",
+    "get_aot_graph_name",
+    "get_graph_being_compiled",
+    "retrace_flat",
+    "set_model_name",
+    "trace_for_export",
+    "trace_inference",
+    "trace_joint",
+    "trace_single_pass",
+    "track_graph_compiling",
+]
