@@ -40,12 +40,12 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
-from ._trace import STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
 from ._context import track_graph_compiling
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._shape_guards import ShapeGuard
 from ._single_pass import trace_single_pass
+from ._trace import STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
 
 Runner = Callable[[list[Any]], Sequence[Any]]
 

@@ -23,11 +23,11 @@ from aotkit_schemas import AOTConfig, ViewAndMutationMeta
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ._trace import FlatFn, trace_inference, trace_joint
 from ._compile import _as_inference, _metadata, _output_needs_grad, _tracing_context
 from ._errors import explain_tracing_errors
 from ._export_pre_dispatch import trace_pre_dispatch
 from ._fakify import construct_fake_mode
+from ._trace import FlatFn, trace_inference, trace_joint
 
 
 class AOTExportError(RuntimeError):

@@ -76,12 +76,12 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._trace import STALE_TANGENTS_KEY, FlatFn, last_graph_node, needs_python_mode, primal_grads
 from ._saved_detaches import (
     SavedOutputRecorder,
     match_python_mode_graph,
     tag_forward_and_backward,
 )
+from ._trace import STALE_TANGENTS_KEY, FlatFn, last_graph_node, needs_python_mode, primal_grads
 
 
 class NotSinglePass(Exception):
