@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 import torch
 import torch.nn as nn
-
 from aotkit import aot_module, memory_budget_partition, nop
 
 PARTITIONERS: dict[str, Any] = {

@@ -8,10 +8,9 @@ from __future__ import annotations
 import importlib
 import inspect
 
+import aotkit
 import pytest
 import torch._functorch.aot_autograd as torch_aot
-
-import aotkit
 
 DROP_IN = ["aot_function", "aot_module_simplified", "aot_export_module", "aot_export_joint_simple"]
 

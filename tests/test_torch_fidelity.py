@@ -15,11 +15,11 @@ import functorch.compile as torch_compile
 import pytest
 import torch
 import torch._functorch.aot_autograd as torch_aot
-from aotkit_frontends import default_decompositions
 from aotkit_capture import (
     BACKWARD_INPUT_METADATA_MUTATION,
     BACKWARD_TANGENT_METADATA_MUTATION,
 )
+from aotkit_frontends import default_decompositions
 from torch._guards import TracingContext
 from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.testing._internal.two_tensor import TwoTensor, TwoTensorMode

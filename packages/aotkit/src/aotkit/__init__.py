@@ -1,8 +1,11 @@
 """aotkit: ahead-of-time autograd for PyTorch.
 
-The meta-package: it re-exports the public API of the aotkit packages. Importing it also
-registers the ``aotkit_eager`` and ``aotkit_inductor`` torch.compile backends.
+The meta-package: it re-exports the public API of the aotkit packages and provides the
+``aotkit`` command. ``torch.compile(backend="aotkit_eager")`` and ``"aotkit_inductor"``
+work without importing it: dynamo finds them through entry points.
 """
+
+import sys
 
 from aotkit_backends import inductor_compiler as inductor_compiler
 from aotkit_backends import make_boxed_compiler as make_boxed_compiler
@@ -43,7 +46,10 @@ from aotkit_schemas import ViewAndMutationMeta as ViewAndMutationMeta
 
 __version__ = "0.1.0"
 
-register_dynamo_backends()
+# dynamo finds aotkit's backends through entry points; register them at once only when
+# dynamo is loaded already (it costs nothing then). See Note [Import cost].
+if "torch._dynamo" in sys.modules:
+    register_dynamo_backends()
 
 __all__ = [
     "AOTCompileError",

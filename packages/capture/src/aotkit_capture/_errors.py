@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import sys
 from collections.abc import Iterator
 
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
 )
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 DATA_DEPENDENT_MESSAGE = (
     "aotkit cannot compile data-dependent control flow or values: while tracing with "
@@ -62,10 +63,22 @@ class DynamicOutputShapeError(_TorchTypedCompileError, DynamicOutputShapeExcepti
     """An op's output shape depends on tensor values (``nonzero``, masks)."""
 
 
-class DataDependentGuardError(_TorchTypedCompileError, GuardOnDataDependentSymNode):
-    """A branch on a data-dependent symbolic value."""
+@functools.cache
+def data_dependent_guard_error() -> type[AOTCompileError]:
+    """``DataDependentGuardError``: a branch on a data-dependent symbolic value.
 
-    _field = "cond"
+    The class subclasses ``GuardOnDataDependentSymNode``, which lives in torch's
+    symbolic_shapes module (it imports sympy, seconds at import time): it is made when first
+    needed, when that module is loaded anyway. See Note [Import cost] in aotkit_frontends.
+    """
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    class DataDependentGuardError(_TorchTypedCompileError, GuardOnDataDependentSymNode):
+        """A branch on a data-dependent symbolic value."""
+
+        _field = "cond"
+
+    return DataDependentGuardError
 
 
 @contextlib.contextmanager
@@ -82,8 +95,13 @@ def explain_tracing_errors() -> Iterator[None]:
         raise DataDependentError(DATA_DEPENDENT_MESSAGE.format(op=e.func), e.func) from e
     except DynamicOutputShapeException as e:
         raise DynamicOutputShapeError(DYNAMIC_OUTPUT_MESSAGE.format(op=e.func), e.func) from e
-    except GuardOnDataDependentSymNode as e:
-        raise DataDependentGuardError(
+    except Exception as e:
+        # only symbolic shapes raise GuardOnDataDependentSymNode, and their module is loaded
+        # by then (See Note [Import cost] in aotkit_frontends)
+        shapes = sys.modules.get("torch.fx.experimental.symbolic_shapes")
+        if shapes is None or not isinstance(e, shapes.GuardOnDataDependentSymNode):
+            raise
+        raise data_dependent_guard_error()(
             DATA_DEPENDENT_MESSAGE.format(op="a data-dependent symbolic value") + f" ({e})",
             e.cond,
         ) from e

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Container, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._dynamo.source import ConstantSource
 from torch._guards import TracingContext, detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+if TYPE_CHECKING:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 
 def construct_fake_mode(
@@ -19,8 +20,12 @@ def construct_fake_mode(
     mode = detect_fake_mode(list(flat_args))
     if mode is not None:
         return mode, mode.shape_env
-    # No duck sizing: See Note [Shape guards].
-    shape_env = ShapeEnv(duck_shape=False) if dynamic else None
+    shape_env = None
+    if dynamic:
+        # symbolic_shapes imports sympy: See Note [Import cost] in aotkit_frontends
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+        shape_env = ShapeEnv(duck_shape=False)  # no duck sizing: See Note [Shape guards]
     return FakeTensorMode(shape_env=shape_env, allow_non_fake_inputs=False), shape_env
 
 
@@ -57,6 +62,10 @@ def fakify_inputs(
                     )
                 )
             elif isinstance(x, int) and not isinstance(x, bool) and shape_env is not None and not is_export:
+                # dynamo's Source classes load all of dynamo: only when shapes are dynamic.
+                # See Note [Import cost] in aotkit_frontends.
+                from torch._dynamo.source import ConstantSource
+
                 source = ConstantSource(f"sym_{idx}")
                 out.append(
                     shape_env.create_symintnode(

@@ -29,11 +29,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aotkit_analysis import InputLayout
-from torch._dynamo.source import LocalSource
-from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP, ShapeEnv
+
+if TYPE_CHECKING:
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,11 @@ class ShapeGuard:
         """Guards over ``fake_compiled_args[positions]``, as accumulated so far in
         ``shape_env``; call after everything that may add guards (tracing, partitioning,
         the compilers) has run."""
+        # only dynamic shapes need dynamo's Source classes and sympy's printer: See
+        # Note [Import cost] in aotkit_frontends
+        from torch._dynamo.source import LocalSource
+        from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
         placeholders = [fake_compiled_args[p] for p in positions]
         exprs = tuple(
             shape_env.produce_guards(
@@ -81,5 +87,7 @@ class ShapeGuard:
 
     def failures(self, flat_args: Sequence[Any]) -> list[str]:
         """The guard expressions that ``flat_args`` violate (slow; for diagnostics)."""
+        from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP  # loaded by build()
+
         env = {**SYMPY_INTERP, "L": self._locals(flat_args)}
         return [e for e in self.exprs if not eval(e, env)]

@@ -17,6 +17,27 @@ registers the two aotkit backends under names usable as ``torch.compile(backend=
 # (See Note [aot_module_simplified calling convention]). Both the backward compiler and the
 # compiled callable are wrapped with
 # ``torch._dynamo.disable`` so that dynamo never traces into them.
+
+# Note [Import cost]
+# Importing ``torch._dynamo`` imports most of torch.compile, Inductor included: several
+# seconds, more than ``import torch`` itself; sympy (through torch's symbolic_shapes),
+# networkx and triton (through torch.utils.flop_counter) add about 3.5 s more. A user of ``aot_function`` with their own compilers, or of
+# ``aotkit_partitioners`` alone, needs none of them at import time, so no aotkit module
+# imports dynamo, Inductor, symbolic_shapes, flop_counter or networkx at module level; each is imported
+# where it is first used (tests/test_import_cost.py checks ``sys.modules``):
+#   * the backends ``aotkit_eager`` and ``aotkit_inductor`` are module attributes here, and
+#     dynamo's registry finds them through this package's ``torch_dynamo_backends`` entry
+#     points the first time ``torch.compile(backend="aotkit_eager")`` looks the name up;
+#     ``register_dynamo_backends()`` registers them by hand (a source checkout without
+#     installed metadata), and ``import aotkit`` calls it when dynamo is already loaded;
+#   * what a backend call needs from dynamo (counters, ``disable``, ``defake``,
+#     ``flatten_graph_inputs``) is imported inside the call; by then dynamo is loaded;
+#   * ``isinstance(mod, GmWrapper)`` is asked only when ``torch._dynamo.utils`` is loaded
+#     (a GmWrapper cannot exist otherwise); likewise aotkit_capture's error translation
+#     checks for ``GuardOnDataDependentSymNode`` only when symbolic_shapes is loaded;
+#   * the ShapeEnv, its printer and dynamo's ``Source`` classes are imported when shapes
+#     are made dynamic (aotkit_capture); the partitioners import symbolic_shapes' helpers,
+#     the FLOP formulas and networkx when they first need them.
 """
 
 from __future__ import annotations
@@ -26,27 +47,13 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
-import torch._dynamo
 import torch.fx
 from aotkit_backends import inductor_compiler, nop
-from aotkit_partitioners import default_partition
+from aotkit_partitioners import default_partition, min_cut_rematerialization_partition
 from torch._decomp import get_decompositions
-from torch._dynamo.backends.registry import register_backend
-from torch._dynamo.utils import counters, defake, flatten_graph_inputs
 from torch.utils._python_dispatch import _disable_current_modes
 
 from ._simplified import aot_module_simplified
-
-_min_cut: Callable[..., Any]
-try:
-    from aotkit_partitioners import (  # type: ignore[attr-defined, unused-ignore]
-        min_cut_rematerialization_partition as _min_cut,
-    )
-except ImportError:
-    # TODO: drop this fallback once aotkit_partitioners exports
-    # min_cut_rematerialization_partition; until then aotkit_inductor saves every
-    # activation the default partitioner chooses instead of recomputing cheap ones.
-    _min_cut = default_partition
 
 DecompositionsArg = dict[Any, Callable[..., Any]] | Callable[[], dict[Any, Callable[..., Any]]]
 
@@ -70,6 +77,8 @@ class AotAutograd:
     ) -> Callable[..., Any]:
         if any(isinstance(x, (list, tuple, dict)) for x in example_inputs):
             # See Note [Backend calling convention]
+            from torch._dynamo.utils import flatten_graph_inputs  # See Note [Import cost]
+
             flattened: Callable[..., Any] = flatten_graph_inputs(gm, example_inputs, self._compile)
             return flattened
         return self._compile(gm, example_inputs)
@@ -84,6 +93,8 @@ class AotAutograd:
             bw_compiler = _disable_backward(bw_compiler)
         self.kwargs["bw_compiler"] = bw_compiler
         self.kwargs["inference_compiler"] = self.kwargs.get("inference_compiler") or fw_compiler
+        from torch._dynamo.utils import counters  # See Note [Import cost]
+
         counters["aot_autograd"]["total"] += 1
         try:
             forward = aot_module_simplified(gm, example_inputs, **self.kwargs)
@@ -96,6 +107,8 @@ class AotAutograd:
 
 def _disable(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
     """``fn`` wrapped so that dynamo runs it eagerly instead of tracing it."""
+    import torch._dynamo  # See Note [Import cost]
+
     disabled: Callable[..., Any] = torch._dynamo.disable(fn, reason=reason)  # type: ignore[no-untyped-call]
     return disabled
 
@@ -167,7 +180,7 @@ def mem_efficient_fusion_kwargs(use_decomps: bool) -> dict[str, Any]:
     kwargs: dict[str, Any] = {
         "fw_compiler": nop,
         "bw_compiler": nop,
-        "partition_fn": _min_cut,
+        "partition_fn": min_cut_rematerialization_partition,
     }
     if use_decomps:
         kwargs["decompositions"] = dict(default_decompositions)
@@ -179,6 +192,8 @@ def fake_tensor_unsupported(fn: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(fn)
     def wrapper(model: Any, inputs: Sequence[Any], **kwargs: Any) -> Any:
+        from torch._dynamo.utils import defake  # See Note [Import cost]
+
         with _disable_current_modes():
             real = [defake(x) for x in inputs]
             return fn(model, real, **kwargs)
@@ -226,29 +241,30 @@ def _inductor_keeping_layouts(
         return inductor_compiler(gm, example_inputs)
 
 
-def _make_backends() -> dict[str, AotAutograd]:
-    return {
-        "aotkit_eager": aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=default_partition),
-        "aotkit_inductor": aot_autograd(
-            fw_compiler=_inductor_keeping_layouts,
-            bw_compiler=_inductor_keeping_layouts,
-            partition_fn=_min_cut,
-            decompositions=_inductor_decompositions,
-        ),
-    }
-
-
+# The registered backends: module attributes, so that dynamo's registry can load them by
+# name through the entry points in this package's pyproject. See Note [Import cost].
+aotkit_eager = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=default_partition)
+aotkit_inductor = aot_autograd(
+    fw_compiler=_inductor_keeping_layouts,
+    bw_compiler=_inductor_keeping_layouts,
+    partition_fn=min_cut_rematerialization_partition,
+    decompositions=_inductor_decompositions,
+)
+_BACKENDS = {"aotkit_eager": aotkit_eager, "aotkit_inductor": aotkit_inductor}
 _REGISTERED: set[str] = set()
 
 
 def register_dynamo_backends() -> list[str]:
     """Register ``aotkit_eager`` and ``aotkit_inductor`` with dynamo; return their names.
 
-    Safe to call more than once: later calls do nothing.
+    An installed aotkit needs no call: dynamo finds both through the
+    ``torch_dynamo_backends`` entry points on first use (See Note [Import cost]). Safe to
+    call more than once: later calls do nothing.
     """
-    backends = _make_backends()
-    for name, backend in backends.items():
+    from torch._dynamo.backends.registry import register_backend  # See Note [Import cost]
+
+    for name, backend in _BACKENDS.items():
         if name not in _REGISTERED:
             register_backend(compiler_fn=backend, name=name)
             _REGISTERED.add(name)
-    return list(backends)
+    return list(_BACKENDS)

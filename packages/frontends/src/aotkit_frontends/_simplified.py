@@ -18,6 +18,7 @@ reads the parameters and buffers once instead of on every call.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, KeysView, Sequence
 from typing import Any, cast
 
@@ -27,7 +28,6 @@ import torch.fx
 import torch.nn as nn
 from aotkit_capture import compile_flat
 from aotkit_partitioners import default_partition
-from torch._dynamo.utils import GmWrapper
 from torch._guards import Source, TracingContext
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils import stateless
@@ -99,6 +99,13 @@ def _has_symbolic_fake_inputs(args: Sequence[Any]) -> bool:
         if isinstance(x, FakeTensor):
             return x.fake_mode.shape_env is not None
     return False
+
+
+def _is_gm_wrapper(mod: object) -> bool:
+    """Whether ``mod`` is dynamo's ``GmWrapper``; asked without importing dynamo, which
+    must already be loaded for one to exist. See Note [Import cost]."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    return utils is not None and isinstance(mod, utils.GmWrapper)
 
 
 def _checked(runner: Callable[[list[Any]], Any], checks: list[Check]) -> Callable[[list[Any]], Any]:
@@ -193,7 +200,7 @@ def aot_module_simplified(
     runner = _checked(runner, [c for c in checks if c is not None])
 
     forward: Any  # a function carrying the module's zero_grad/named_* as attributes
-    if isinstance(mod, GmWrapper):
+    if _is_gm_wrapper(mod):
 
         def boxed_forward(runtime_args: list[Any]) -> Any:
             flat = [*params_flat, *runtime_args]

@@ -10,9 +10,7 @@ from typing import Any
 
 import torch
 import torch.fx
-import torch.utils.flop_counter
 from aotkit_schemas import is_sym_node
-from torch.fx.experimental.symbolic_shapes import optimization_hint
 
 # Bytes charged for saving a symbolic scalar: none, it lives on the autograd ctx, not in
 # memory the allocator sees. The min-cut still tells cuts saving more sizes from cuts saving
@@ -24,6 +22,9 @@ _UNKNOWN_NUMEL = 4096
 
 def _hint(value: Any) -> int:
     if isinstance(value, torch.SymInt):
+        # loaded only for symbolic sizes: See Note [Import cost] in aotkit_frontends
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+
         return int(optimization_hint(value, fallback=_UNKNOWN_NUMEL))
     return int(value)
 
@@ -78,7 +79,10 @@ def node_flops(node: torch.fx.Node) -> int:
     if isinstance(target, torch._ops.OpOverload):
         if target.is_view:
             return 0
-        formula = torch.utils.flop_counter.flop_registry.get(target.overloadpacket)
+        # flop_counter imports triton: See Note [Import cost] in aotkit_frontends
+        from torch.utils.flop_counter import flop_registry
+
+        formula = flop_registry.get(target.overloadpacket)
         if formula is not None:
             try:
                 flops = formula(

@@ -13,7 +13,6 @@ import torch
 import torch.fx
 from aotkit_schemas import is_sym_node
 from torch.fx._lazy_graph_module import _make_graph_module
-from torch.fx.experimental.symbolic_shapes import free_symbols, is_symbol_binding_fx_node
 
 from ._joint import JointInfo, ancestors, nodes_of, sorted_nodes, unique
 from ._schedule import late_order
@@ -97,6 +96,9 @@ def symbol_bindings(
     A backward compiler reasons about a saved tensor of shape ``(s0, 8)`` only if ``s0`` is
     bound by one of its inputs, so the node that binds ``s0`` is saved too.
     """
+    # symbolic_shapes imports sympy: See Note [Import cost] in aotkit_frontends
+    from torch.fx.experimental.symbolic_shapes import free_symbols, is_symbol_binding_fx_node
+
     bindings: dict[Any, torch.fx.Node] = {}
     for node in info.nodes:
         if not isinstance(node.meta.get("val"), torch.SymInt) or node not in available:
@@ -146,6 +148,8 @@ def build_modules(
     read = ancestors(nodes_of(info.bwd_outputs) + bw_roots, stop=set(saved) | set(info.tangents))
     tensors = sorted_nodes(info, (n for n in saved if n in read and not is_sym_node(n)))
     symints = [n for n in saved if n in read and is_sym_node(n)]
+    from torch.fx.experimental.symbolic_shapes import is_symbol_binding_fx_node  # Import cost
+
     binding = [n for n in symints if is_symbol_binding_fx_node(n) is not None]
     derived = [n for n in symints if is_symbol_binding_fx_node(n) is None]
     have = {is_symbol_binding_fx_node(n) for n in binding}

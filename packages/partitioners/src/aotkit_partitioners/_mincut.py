@@ -37,7 +37,6 @@ from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import networkx as nx
 import torch
 import torch.fx
 from aotkit_schemas import RUNTIME_MUTATED_INPUT_KEY, is_sym_node
@@ -219,6 +218,8 @@ def solve(
     kept = _prune(edges)
     source_side: set[int] = set()
     if kept:
+        import networkx as nx  # seconds to import: See Note [Import cost] in aotkit_frontends
+
         g: nx.DiGraph = nx.DiGraph()
         g.add_edges_from((u, v, {} if cap is None else {"capacity": cap}) for u, v, cap in kept)
         try:
