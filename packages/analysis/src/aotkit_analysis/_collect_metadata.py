@@ -72,8 +72,30 @@ def input_alias_info(
 
 
 def _tangent_like(t: torch.Tensor) -> torch.Tensor:
-    """A fresh contiguous tensor with ``t``'s shape, dtype and device (never an alias)."""
+    """A fresh contiguous tensor with ``t``'s shape, dtype and device (never an alias).
+
+    See Note [Tangents of subclass outputs].
+    """
+    if is_traceable_wrapper_subclass(t):
+        coerce = getattr(t, "__coerce_tangent_metadata__", None)
+        if coerce is not None:
+            t = coerce()
+        attrs, ctx = t.__tensor_flatten__()
+        inner = {a: _tangent_like(getattr(t, a)) for a in attrs}
+        size = t.shape
+        stride = torch._prims_common.make_contiguous_strides_for(size) if size else ()
+        return type(t).__tensor_unflatten__(inner, ctx, size, stride)  # type: ignore[attr-defined]
     return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+# Note [Tangents of subclass outputs]
+# The backward is traced for tangents guessed from the outputs: a contiguous plain tensor
+# of the output's shape, or, for a tensor subclass output, the same subclass around
+# contiguous guesses of its inner tensors (after ``__coerce_tangent_metadata__``, which
+# lets a subclass pick metadata every runtime tangent can be converted to: DTensor turns a
+# Partial placement into Replicate). At run time each tangent is converted back to the
+# traced metadata with ``__coerce_same_metadata_as_tangent__`` (aotkit_runtime's
+# ``coerce_tangent``). See Note [Tensor subclasses are desugared] in aotkit_schemas.
 
 
 def collect_metadata(

@@ -22,9 +22,13 @@ from aotkit_functional import as_plain_tensor
 from aotkit_runtime import (
     AutogradPlan,
     as_list_caller,
+    is_subclass,
     make_autograd_function,
     make_epilogue,
     needs_epilogue,
+    subclass_backward,
+    subclass_forward,
+    unwrap_subclasses,
 )
 from aotkit_schemas import (
     RUNTIME_MUTATED_INPUT_KEY,
@@ -45,6 +49,7 @@ from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._shape_guards import ShapeGuard
 from ._single_pass import trace_single_pass
+from ._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
 from ._trace import STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
 
 Runner = Callable[[list[Any]], Sequence[Any]]
@@ -259,10 +264,16 @@ def _compile_two_pass(
         meta = _as_inference(meta, cfg.keep_inference_input_mutations)
     artifacts = CompiledArtifacts(meta=meta, layout=layout)
     relative = _relative_offsets(meta, fake, fw_outs)
+    # See Note [Tensor subclasses are desugared] in aotkit_schemas
+    layer = SubclassLayer.build(fake, meta) if needs_subclass_layer(fake, fw_outs) else None
+    if layer is not None:
+        check_layer_applies(meta, layer)
     if meta.is_train:
-        call = _compile_training(traced_fn, fake, meta, cfg, artifacts)
+        call = _compile_training(traced_fn, fake, meta, cfg, artifacts, subclasses=layer)
     else:
-        call = _compile_inference(traced_fn, fake, meta, cfg, artifacts)
+        call = _compile_inference(traced_fn, fake, meta, cfg, artifacts, subclasses=layer)
+    if layer is not None:
+        artifacts.meta = layer.with_metas(meta)
     return call, artifacts, meta, layout, fake, relative
 
 
@@ -282,6 +293,8 @@ def _single_pass_applies(
         # inputs that share memory need the two-pass flow's synthetic bases as soon as one
         # of them is mutated, which only the metadata pass can tell
         or _inputs_share_storage(flat_args)
+        # See Note [Tensor subclasses are desugared] in aotkit_schemas
+        or any(is_subclass(a) for a in flat_args)
     )
 
 
@@ -360,15 +373,23 @@ def _compile_inference(
     meta: ViewAndMutationMeta,
     cfg: AOTConfig,
     artifacts: CompiledArtifacts,
+    *,
+    subclasses: SubclassLayer | None = None,
 ) -> Callable[[list[Any]], Sequence[Any]]:
     compiler = cfg.inference_compiler or cfg.fw_compiler
     with _lazy_modules(reads_graph_only(compiler)):
-        gm = trace_inference(traced_fn, fake, meta, cfg.decompositions)
+        gm = trace_inference(traced_fn, fake, meta, cfg.decompositions, subclasses)
     artifacts.inference_module = gm
+    example = fake if subclasses is None else unwrap_subclasses(fake)
     with track_graph_compiling(cfg, "inference"):
-        raw = compiler(gm, fake)
-    compiled = as_list_caller(raw)
-    if compiled is raw:
+        raw = compiler(gm, example)
+    if subclasses is not None:
+        # flattening the inputs makes a new list, so a boxed graph may clear it
+        raw = subclass_forward(raw, subclasses.inp_metas, subclasses.fw_out_metas)
+        compiled = as_list_caller(raw)
+    else:
+        compiled = as_list_caller(raw)
+    if compiled is raw and subclasses is None:
         # A boxed graph may clear the list it gets (Note [Boxed calling convention]); the
         # epilogue still reads the arguments, so it gets a copy. (The training path's
         # autograd.Function builds its own list.)
@@ -379,7 +400,7 @@ def _compile_inference(
 
         compiled = call_with_copy
     grad_free = not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake)
-    plain_views = _plain_view_outputs(gm, meta)
+    plain_views = _plain_view_outputs(gm, meta) if subclasses is None else ()
     if plain_views:
         compiled = _returning_plain_tensors(compiled, plain_views)
 
@@ -490,15 +511,22 @@ def _compile_training(
     artifacts: CompiledArtifacts,
     *,
     traced: tuple[torch.fx.GraphModule, list[Any]] | None = None,
+    subclasses: SubclassLayer | None = None,
 ) -> Callable[[list[Any]], Sequence[Any]]:
     if traced is not None:
         joint, joint_inputs = traced
     else:
-        native = _native_functionalization(meta, cfg, artifacts.layout)
-        joint, joint_inputs = trace_joint(traced_fn, fake, meta, cfg.decompositions, native=native)
-    _mark_runtime_mutated_primals(joint, meta)
+        native = subclasses is None and _native_functionalization(meta, cfg, artifacts.layout)
+        joint, joint_inputs = trace_joint(
+            traced_fn, fake, meta, cfg.decompositions, native=native, subclasses=subclasses
+        )
+    _mark_runtime_mutated_primals(joint, meta, subclasses)
     artifacts.joint_module = joint
     n_fwd = meta.num_forward_returns
+    if subclasses is not None:
+        # See Note [Tensor subclasses are desugared] in aotkit_schemas
+        n_fwd = subclasses.num_flat_forward_returns
+        fake = list(joint_inputs[0])
     lazy = reads_graph_only(cfg.fw_compiler) and reads_graph_only(cfg.bw_compiler)
     with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy):
         fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
@@ -516,7 +544,24 @@ def _compile_training(
         # forward's fake mode; the autograd.Function caches the result.
         with _tracing_context(fake_mode, symbolic), track_graph_compiling(cfg, "backward"):
             compiled: Callable[..., Any] = cfg.bw_compiler(bw_module, bw_example)
+        if subclasses is not None:
+            n_saved = partition.num_saved_symints + partition.num_saved_tensors
+            return subclass_backward(
+                compiled, n_saved, subclasses.tangent_metas, subclasses.grad_metas
+            )
         return compiled
+
+    if subclasses is not None:
+        # the Function works on the user's values; only the compiled calls see the inner
+        # tensors, so the plan's graph-derived facts (positions in the graphs) are not used
+        plan = AutogradPlan(
+            meta=meta,
+            num_saved_tensors=partition.num_saved_tensors,
+            num_saved_symints=partition.num_saved_symints,
+            stale_tangents=tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items())),
+        )
+        wrapped_fw = subclass_forward(compiled_fw, subclasses.inp_metas, subclasses.fw_out_metas)
+        return make_autograd_function(wrapped_fw, compile_backward, plan)
 
     plan = AutogradPlan(
         meta=meta,
@@ -595,12 +640,14 @@ def _static_tangent_like(
     return tuple(result)
 
 
-def _mark_runtime_mutated_primals(joint: torch.fx.GraphModule, meta: ViewAndMutationMeta) -> None:
-    """Tell the partitioner which primals the epilogue mutates after the forward.
-
-    See Note [Joint graph calling convention].
-    """
-    primals = [n for n in joint.graph.nodes if n.op == "placeholder"][: len(meta.input_info)]
+def _mark_runtime_mutated_primals(
+    joint: torch.fx.GraphModule, meta: ViewAndMutationMeta, subclasses: SubclassLayer | None
+) -> None:
+    """Tell the partitioner which primals the epilogue mutates after the forward (every
+    inner tensor of a subclass input). See Note [Joint graph calling convention]."""
+    placeholders = [n for n in joint.graph.nodes if n.op == "placeholder"]
     for i in meta.mutated_inp_runtime_indices:
         if meta.input_info[i].mutates_data:
-            primals[i].meta[RUNTIME_MUTATED_INPUT_KEY] = True
+            positions = subclasses.flat_positions(i) if subclasses is not None else (i,)
+            for p in positions:
+                placeholders[p].meta[RUNTIME_MUTATED_INPUT_KEY] = True

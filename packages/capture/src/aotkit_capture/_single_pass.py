@@ -74,7 +74,7 @@ from torch.fx.experimental.proxy_tensor import (
     track_tensor_tree,
 )
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 from ._saved_detaches import (
     SavedOutputRecorder,
@@ -269,6 +269,9 @@ def trace_single_pass(
                 outs = list(flat_fn(*f_primals))
             if not torch.is_grad_enabled():
                 raise NotSinglePass("the function changed grad mode")
+            if any(isinstance(o, torch.Tensor) and is_traceable_wrapper_subclass(o) for o in outs):
+                # See Note [Tensor subclasses are desugared] in aotkit_schemas
+                raise NotSinglePass("a tensor subclass output")
             input_info = _mutated_inputs(primals, f_primals)
             _check_plain_outputs(f_primals, outs)
             positions = [

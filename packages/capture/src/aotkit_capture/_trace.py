@@ -36,6 +36,7 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from ._backward_mutations import check_backward_mutations
+from ._subclass import SubclassLayer
 from ._saved_detaches import (
     SavedOutputRecorder,
     last_computed,
@@ -96,8 +97,13 @@ def trace_inference(
     fake_args: Sequence[Any],
     meta: ViewAndMutationMeta,
     decompositions: DecompositionTable,
+    subclasses: SubclassLayer | None = None,
 ) -> torch.fx.GraphModule:
-    """Trace the inference graph: ``args -> forward returns`` (no saved values)."""
+    """Trace the inference graph: ``args -> forward returns`` (no saved values).
+
+    With ``subclasses``, the graph takes and returns the inner tensors of the subclass
+    inputs and returns (See Note [Tensor subclasses are desugared] in aotkit_schemas).
+    """
     in_graph = meta.mutated_inp_in_graph_indices
 
     def inference(*args: Any) -> tuple[Any, ...]:
@@ -112,6 +118,9 @@ def trace_inference(
 
     # Traced under the caller's grad mode: a function that calls torch.autograd.grad
     # itself needs it, and nothing here differentiates the result.
+    if subclasses is not None:
+        desugared, flat_args = subclasses.desugar_forward(inference, fake_args)
+        return make_fx(desugared, decomposition_table=decompositions)(*flat_args)
     gm = make_fx(inference, decomposition_table=decompositions)(*fake_args)
     return gm
 
@@ -123,14 +132,20 @@ def trace_joint(
     decompositions: DecompositionTable,
     *,
     native: bool = False,
+    subclasses: SubclassLayer | None = None,
 ) -> tuple[torch.fx.GraphModule, list[Any]]:
     """Trace ``joint(primals, tangents) -> (*forward_returns, *input_grads)``.
+
+    With ``subclasses``, over the inner tensors of subclass values (See Note [Tensor
+    subclasses are desugared] in aotkit_schemas); the Python mode then always traces.
 
     See Note [Joint graph calling convention]. Returns the graph and its example inputs
     ``[primals, tangents]``. With ``native``, the trace functionalizes with the C++ key
     (See Note [Native functionalization]) and falls back to torch's Python mode when that
     fails or leaves an op the Python mode would have rewritten.
     """
+    if subclasses is not None:
+        return _trace_joint(flat_fn, fake_args, meta, decompositions, native=False, subclasses=subclasses)
     if native:
         try:
             traced = _trace_joint(flat_fn, fake_args, meta, decompositions, native=True)
@@ -233,6 +248,7 @@ def _trace_joint(
     decompositions: DecompositionTable,
     *,
     native: bool,
+    subclasses: SubclassLayer | None = None,
 ) -> tuple[torch.fx.GraphModule, list[Any]]:
     tangent_positions = meta.tangent_indices
     wrap = to_native_functional if native else to_functional
@@ -276,11 +292,20 @@ def _trace_joint(
     tangents = list(meta.traced_tangents)
     # The joint is read as a graph (partitioned), never run: its Python code is generated
     # only if someone asks for it (``gm.code``, a call).
+    to_trace = joint
+    if subclasses is not None:
+        to_trace, primals, tangents = subclasses.desugar_joint(joint, primals, tangents)
     with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
-        gm = make_fx(joint, decomposition_table=decompositions)(primals, tangents)
+        gm = make_fx(to_trace, decomposition_table=decompositions)(primals, tangents)
     end = forward_end[0]
     if in_graph:
-        end = _move_kept_mutations(gm, end, len(in_graph))
+        # a subclass input is written through each of its inner tensors
+        n_kept = (
+            sum(subclasses.inp_metas[i].arg_count for i in in_graph)
+            if subclasses is not None
+            else len(in_graph)
+        )
+        end = _move_kept_mutations(gm, end, n_kept)
     # See Note [Forward and backward tags]
     tag_forward_and_backward(gm.graph, end)
     match_python_mode_graph(gm, saved_outputs)

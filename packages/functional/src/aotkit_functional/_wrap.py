@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import _bindings
 
@@ -33,17 +34,57 @@ def functionalized(*, keep_input_mutations: bool = False) -> Iterator[Functional
 
 
 def to_functional(value: Any) -> Any:
-    """Wrap a tensor in a FunctionalTensor; other values pass through unchanged."""
+    """Wrap a tensor in a FunctionalTensor; other values pass through unchanged.
+
+    See Note [Functionalization runs below subclasses].
+    """
     if isinstance(value, torch.Tensor):
+        if is_traceable_wrapper_subclass(value):
+            attrs, ctx = value.__tensor_flatten__()
+            inner = {a: to_functional(getattr(value, a)) for a in attrs}
+            out = type(value).__tensor_unflatten__(inner, ctx, value.size(), value.stride())
+            torch._mirror_autograd_meta_to(value, out)  # type: ignore[attr-defined]
+            return out
         return FunctionalTensor.to_functional(value)
     return value
 
 
+# Note [Functionalization runs below subclasses]
+# A traceable wrapper subclass (TwoTensor, DTensor) is functionalized through its inner
+# tensors, as torch does ("functionalization always runs last"): ``to_functional`` rebuilds
+# the subclass around FunctionalTensors, so its ``__torch_dispatch__`` runs first and the
+# ops it issues on its inner tensors are the ones functionalized (and traced: make_fx
+# tracks the inner tensors, never a subclass built during the trace). What happened to a
+# subclass input is what happened to any of its inner tensors: the queries below
+# (``has_data_mutation``, ...) combine their answers over the inner tensors, and
+# ``from_functional`` rebuilds the subclass around the plain results.
+
+
+def _inner_tensors(value: Any) -> list[Any] | None:
+    """The inner tensors of a traceable wrapper subclass (None for anything else)."""
+    if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
+        attrs, _ = value.__tensor_flatten__()
+        return [getattr(value, a) for a in attrs]
+    return None
+
+
 def from_functional(value: Any) -> Any:
-    """Sync pending updates and return the plain tensor inside a FunctionalTensor."""
+    """Sync pending updates and return the plain tensor inside a FunctionalTensor.
+
+    A tensor subclass built inside the functionalized code (``TwoTensor(x * 2, x)``) holds
+    FunctionalTensors as inner tensors: it is rebuilt around their plain tensors, so no
+    functional wrapper leaks out of the trace.
+    """
     if isinstance(value, FunctionalTensor):
         _bindings.sync(value)
         return _bindings.unwrap_functional(value.elem)
+    if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
+        attrs, ctx = value.__tensor_flatten__()
+        inner = {a: getattr(value, a) for a in attrs}
+        plain = {a: from_functional(t) for a, t in inner.items()}
+        if all(plain[a] is inner[a] for a in attrs):
+            return value
+        return type(value).__tensor_unflatten__(plain, ctx, value.size(), value.stride())
     return value
 
 
@@ -71,6 +112,8 @@ def _wrapper_of(f_arg: Any) -> torch.Tensor | None:
 
 
 def has_data_mutation(f_arg: Any) -> bool:
+    if (inner := _inner_tensors(f_arg)) is not None:
+        return any(has_data_mutation(t) for t in inner)
     w = _wrapper_of(f_arg)
     if w is None:
         return False
@@ -82,6 +125,8 @@ def mutation_count(f_arg: Any) -> int:
     """How many data mutations the functional wrapper of ``f_arg`` has seen so far (0 for a
     tensor that is not functional): compare two readings to see whether code in between
     wrote to it."""
+    if (inner := _inner_tensors(f_arg)) is not None:
+        return sum(mutation_count(t) for t in inner)
     w = _wrapper_of(f_arg)
     if w is None:
         return 0
@@ -91,17 +136,23 @@ def mutation_count(f_arg: Any) -> int:
 
 def mutations_hidden_from_autograd(f_arg: Any) -> bool:
     """True when every mutation of the input happened under ``.data`` or similar."""
+    if (inner := _inner_tensors(f_arg)) is not None:
+        return all(mutations_hidden_from_autograd(t) for t in inner)
     w = _wrapper_of(f_arg)
     return w is not None and bool(_bindings.all_mutations_hidden_from_autograd(w))
 
 
 def mutations_under_no_grad_or_inference_mode(f_arg: Any) -> bool:
+    if (inner := _inner_tensors(f_arg)) is not None:
+        return all(mutations_under_no_grad_or_inference_mode(t) for t in inner)
     w = _wrapper_of(f_arg)
     return w is not None and bool(_bindings.all_mutations_under_no_grad_or_inference_mode(w))
 
 
 def has_storage_mutation(f_arg: Any, arg: Any) -> bool:
     """True when ``set_`` left the input pointing at another storage."""
+    if (inner := _inner_tensors(f_arg)) is not None:
+        return any(has_storage_mutation(t, a) for t, a in zip(inner, _inner_tensors(arg) or []))
     w = _wrapper_of(f_arg)
     if w is None or not isinstance(arg, torch.Tensor):
         return False
@@ -117,6 +168,10 @@ def has_metadata_mutation(f_arg: Any, arg: Any) -> bool:
 
     Metadata mutations that cancel out (``x.t_(); x.t_()``) do not count.
     """
+    if (inner := _inner_tensors(f_arg)) is not None:
+        return any(
+            has_metadata_mutation(t, a) for t, a in zip(inner, _inner_tensors(arg) or [])
+        )
     w = _wrapper_of(f_arg)
     if w is None or not isinstance(arg, torch.Tensor):
         return False
@@ -133,11 +188,15 @@ def has_metadata_mutation(f_arg: Any, arg: Any) -> bool:
 
 
 def is_multi_output_view(t: Any) -> bool:
+    if (inner := _inner_tensors(t)) is not None:
+        return any(is_multi_output_view(i) for i in inner)
     w = _wrapper_of(t)
     return w is not None and bool(_bindings.is_multi_output_view(w))
 
 
 def storage_was_changed(t: Any) -> bool:
+    if (inner := _inner_tensors(t)) is not None:
+        return any(storage_was_changed(i) for i in inner)
     w = _wrapper_of(t)
     return w is not None and bool(_bindings.was_storage_changed(w))
 

@@ -5,11 +5,27 @@ from ._autograd_function import make_autograd_function as make_autograd_function
 from ._call import as_list_caller as as_list_caller
 from ._epilogue import make_epilogue as make_epilogue
 from ._epilogue import needs_epilogue as needs_epilogue
+from ._subclass import create_subclass_metas as create_subclass_metas
+from ._subclass import is_subclass as is_subclass
+from ._subclass import make_unwrapper as make_unwrapper
+from ._subclass import make_wrapper as make_wrapper
+from ._subclass import rebuild as rebuild
+from ._subclass import subclass_backward as subclass_backward
+from ._subclass import subclass_forward as subclass_forward
+from ._subclass import unwrap_subclasses as unwrap_subclasses
 
 __all__ = [
     "AutogradPlan",
     "as_list_caller",
+    "create_subclass_metas",
+    "is_subclass",
     "make_autograd_function",
     "make_epilogue",
+    "make_unwrapper",
+    "make_wrapper",
     "needs_epilogue",
+    "rebuild",
+    "subclass_backward",
+    "subclass_forward",
+    "unwrap_subclasses",
 ]

@@ -28,6 +28,11 @@ from ._signatures import BackwardSignature as BackwardSignature
 from ._signatures import GraphInputName as GraphInputName
 from ._signatures import GraphOutputName as GraphOutputName
 from ._signatures import GraphSignature as GraphSignature
+from ._subclass_meta import PlainTensorMeta as PlainTensorMeta
+from ._subclass_meta import SubclassCreationMeta as SubclassCreationMeta
+from ._subclass_meta import SubclassOrPlainMeta as SubclassOrPlainMeta
+from ._subclass_meta import has_subclass as has_subclass
+from ._subclass_meta import num_unwrapped as num_unwrapped
 from ._view_and_mutation_meta import ViewAndMutationMeta as ViewAndMutationMeta
 
 __all__ = [
@@ -45,10 +50,14 @@ __all__ = [
     "OutputAliasInfo",
     "OutputType",
     "PartitionResult",
+    "PlainTensorMeta",
+    "SubclassCreationMeta",
+    "SubclassOrPlainMeta",
     "RUNTIME_MUTATED_INPUT_KEY",
     "Partitioner",
     "ViewAndMutationMeta",
     "graph_outputs",
+    "has_subclass",
     "is_boxed",
     "is_sym_node",
     "mark_graph_reader",
@@ -56,6 +65,7 @@ __all__ = [
     "mark_stealing_entry",
     "mark_unboxed_entry",
     "mutation_can_stay_in_graph",
+    "num_unwrapped",
     "output_node",
     "reads_graph_only",
     "stealing_entry",

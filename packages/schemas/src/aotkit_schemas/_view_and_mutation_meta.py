@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._alias_info import InputAliasInfo, MutationType, OutputAliasInfo, OutputType
+from ._subclass_meta import SubclassOrPlainMeta, has_subclass
 
 _TANGENT_OUTPUT_TYPES = (
     OutputType.non_alias,
@@ -62,6 +63,12 @@ class ViewAndMutationMeta:
     # True when every op of the metadata pass can be functionalized by the C++ key alone
     # (See Note [Native functionalization] in aotkit_functional)
     native_functionalization_ok: bool = False
+    # See Note [Tensor subclasses are desugared] in _subclass_meta.py. Empty when the
+    # program has no subclass. One entry per flat input / per forward return (before the
+    # saved values: updated inputs, user outputs, intermediate bases) / per tangent.
+    subclass_inp_meta: Sequence[SubclassOrPlainMeta] = ()
+    subclass_fw_graph_out_meta: Sequence[SubclassOrPlainMeta] = ()
+    subclass_tangent_meta: Sequence[SubclassOrPlainMeta] = ()
 
     # ---- derived, filled in __post_init__ ----
     # indices of inputs whose mutation is applied by the runtime epilogue
@@ -108,6 +115,12 @@ class ViewAndMutationMeta:
         object.__setattr__(self, "mutated_inp_runtime_indices", out_graph)
         object.__setattr__(self, "mutated_inp_in_graph_indices", in_graph)
         object.__setattr__(self, "tangent_indices", tuple(tangents))
+        if self.subclass_inp_meta:
+            assert len(self.subclass_inp_meta) == len(self.input_info)
+        if self.subclass_fw_graph_out_meta:
+            assert len(self.subclass_fw_graph_out_meta) == self.num_forward_returns
+        if self.subclass_tangent_meta:
+            assert len(self.subclass_tangent_meta) == len(tangents)
         if self.is_train:
             assert len(self.traced_tangents) == len(tangents), (
                 f"{len(self.traced_tangents)} traced tangents for {len(tangents)} tangent slots"
@@ -140,7 +153,14 @@ class ViewAndMutationMeta:
 
     @property
     def requires_subclass_dispatch(self) -> bool:
-        return False
+        """Whether a subclass is among the inputs, forward returns or tangents, so the
+        compiled graphs take and return its inner tensors. See Note [Tensor subclasses
+        are desugared]."""
+        return (
+            has_subclass(self.subclass_inp_meta)
+            or has_subclass(self.subclass_fw_graph_out_meta)
+            or has_subclass(self.subclass_tangent_meta)
+        )
 
     def describe(self) -> str:
         """A short human-readable summary, used in error messages and debug logs."""

@@ -1,0 +1,136 @@
+"""The subclass layer: tracing a program over tensor subclasses as a program over their
+inner tensors. See Note [Tensor subclasses are desugared] in aotkit_schemas.
+
+    joint(primals: [TwoTensor, Tensor], tangents: [TwoTensor])
+      ──desugar──▶ joint'(primals: [Tensor, Tensor, Tensor], tangents: [Tensor, Tensor])
+
+``joint'`` rebuilds the subclasses from the traced inner tensors, runs ``joint`` (whose
+subclass ``__torch_dispatch__`` records ops on the inner tensors) and flattens what it
+returns; the metas of the returns and gradients are recorded during that trace, as torch
+records them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from aotkit_runtime import create_subclass_metas, is_subclass, rebuild, unwrap_subclasses
+from aotkit_schemas import (
+    SubclassCreationMeta,
+    SubclassOrPlainMeta,
+    ViewAndMutationMeta,
+    has_subclass,
+)
+
+
+def needs_subclass_layer(fake_args: Sequence[Any], fw_outs: Sequence[Any]) -> bool:
+    """Whether a subclass is among the (fake) inputs or the metadata pass's forward
+    returns (subclasses the function creates itself)."""
+    return any(is_subclass(a) for a in fake_args) or any(is_subclass(o) for o in fw_outs)
+
+
+@dataclass
+class SubclassLayer:
+    """The desugaring of one program; filled in while its graph is traced."""
+
+    inp_metas: tuple[SubclassOrPlainMeta, ...]
+    tangent_metas: tuple[SubclassOrPlainMeta, ...]
+    num_forward_returns: int
+    # recorded by the trace: the forward returns (before saved values) and the gradients
+    fw_out_metas: tuple[SubclassOrPlainMeta, ...] = ()
+    grad_metas: tuple[SubclassOrPlainMeta, ...] = ()
+    _traced: bool = field(default=False, repr=False)
+
+    @staticmethod
+    def build(fake_args: Sequence[Any], meta: ViewAndMutationMeta) -> SubclassLayer:
+        return SubclassLayer(
+            inp_metas=create_subclass_metas(fake_args),
+            tangent_metas=create_subclass_metas(meta.traced_tangents),
+            num_forward_returns=meta.num_forward_returns,
+        )
+
+    @property
+    def num_flat_forward_returns(self) -> int:
+        assert self._traced, "known once the graph is traced"
+        return sum(m.arg_count for m in self.fw_out_metas)
+
+    def flat_positions(self, user_index: int) -> range:
+        """Graph input positions of flat input ``user_index``."""
+        m = self.inp_metas[user_index]
+        start = m.flat_tensor_start_idx if isinstance(m, SubclassCreationMeta) else m.unwrapped_idx
+        return range(start, start + m.arg_count)
+
+    def with_metas(self, meta: ViewAndMutationMeta) -> ViewAndMutationMeta:
+        """``meta`` with the layer's metas (See ``requires_subclass_dispatch``)."""
+        assert self._traced
+        return dataclasses.replace(
+            meta,
+            subclass_inp_meta=self.inp_metas,
+            subclass_fw_graph_out_meta=self.fw_out_metas,
+            subclass_tangent_meta=self.tangent_metas if meta.is_train else (),
+        )
+
+    def _rebuild_all(self, metas: Sequence[SubclassOrPlainMeta], flat: Sequence[Any]) -> list[Any]:
+        return [rebuild(m, flat, mirror_grad=True) for m in metas]
+
+    def _flatten_returns(self, returns: Sequence[Any]) -> list[Any]:
+        self.fw_out_metas = create_subclass_metas(returns)
+        return unwrap_subclasses(returns)
+
+    def _flatten_grads(self, grads: Sequence[Any]) -> list[Any]:
+        self.grad_metas = create_subclass_metas(grads)
+        return unwrap_subclasses(grads)
+
+    def desugar_forward(
+        self, fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any]
+    ) -> tuple[Callable[..., list[Any]], list[Any]]:
+        """``fn(*values) -> returns`` as ``fn'(*flat values) -> flat returns``, and the flat
+        example inputs."""
+
+        def desugared(*flat: Any) -> list[Any]:
+            outs = self._flatten_returns(list(fn(*self._rebuild_all(self.inp_metas, flat))))
+            self._traced = True
+            return outs
+
+        return desugared, unwrap_subclasses(fake_args)
+
+    def desugar_joint(
+        self,
+        joint: Callable[[list[Any], list[Any]], list[Any]],
+        primals: Sequence[Any],
+        tangents: Sequence[Any],
+    ) -> tuple[Callable[[list[Any], list[Any]], list[Any]], list[Any], list[Any]]:
+        """``joint(primals, tangents) -> (*forward returns, *gradients)`` over the graph
+        values, and the flat example primals and tangents."""
+        n = self.num_forward_returns
+
+        # named like ``joint``'s parameters: make_fx names the placeholders after them
+        # (primals_1, tangents_1), and partitioners read those names
+        def desugared(primals: list[Any], tangents: list[Any]) -> list[Any]:
+            outs = joint(
+                self._rebuild_all(self.inp_metas, primals),
+                self._rebuild_all(self.tangent_metas, tangents),
+            )
+            returns = self._flatten_returns(outs[:n])
+            grads = self._flatten_grads(outs[n:])
+            self._traced = True
+            return [*returns, *grads]
+
+        return desugared, unwrap_subclasses(primals), unwrap_subclasses(tangents)
+
+
+def check_layer_applies(meta: ViewAndMutationMeta, layer: SubclassLayer) -> None:
+    """torch's errors for what the subclass layer does not support."""
+    for i, m in enumerate(layer.inp_metas):
+        info = meta.input_info[i]
+        if isinstance(m, SubclassCreationMeta) and info.mutates_storage_metadata:
+            raise RuntimeError(
+                f"aotkit: input {i} is a tensor subclass ({m.original_subclass_type.__name__}) "
+                "whose storage the function swaps with set_; this is not supported for "
+                "subclasses. Copy into it instead (x.copy_(y))."
+            )
+    assert has_subclass(layer.inp_metas) or True

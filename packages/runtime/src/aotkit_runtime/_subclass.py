@@ -1,0 +1,232 @@
+"""Flattening tensor subclasses into the compiled graphs' plain tensors and back.
+
+See Note [Tensor subclasses are desugared] in aotkit_schemas. The same functions serve
+the trace (on fake tensors, where the rebuilt subclasses hold the traced inner tensors)
+and the run time (per compiled program: ``make_unwrapper`` / ``make_wrapper`` specialise
+the walk to the program's metas once, so a call does no pytree walk and no
+``__tensor_flatten__``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from aotkit_schemas import PlainTensorMeta, SubclassCreationMeta, SubclassOrPlainMeta
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+from ._call import as_list_caller
+
+Unwrapper = Callable[[Sequence[Any]], list[Any]]
+Wrapper = Callable[[Sequence[Any]], list[Any]]
+
+
+def is_subclass(value: Any) -> bool:
+    """A traceable wrapper subclass (defines ``__tensor_flatten__``/``__tensor_unflatten__``)."""
+    return isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value)
+
+
+def create_subclass_metas(values: Sequence[Any]) -> tuple[SubclassOrPlainMeta, ...]:
+    """One meta per value, numbering the flattened values from 0."""
+    metas: list[SubclassOrPlainMeta] = []
+    idx = 0
+    for v in values:
+        m = _meta_of(v, idx)
+        metas.append(m)
+        idx += m.arg_count
+    return tuple(metas)
+
+
+def _meta_of(value: Any, start: int) -> SubclassOrPlainMeta:
+    if not is_subclass(value):
+        return PlainTensorMeta(start)
+    attrs, ctx = value.__tensor_flatten__()
+    inner: dict[str, SubclassOrPlainMeta] = {}
+    idx = start
+    for name in attrs:
+        m = _meta_of(getattr(value, name), idx)
+        inner[name] = m
+        idx += m.arg_count
+    size, stride = tuple(value.shape), tuple(value.stride())
+    if not all(type(d) is int for d in (*size, *stride)):
+        raise NotImplementedError(
+            f"aotkit: the tensor subclass {type(value).__name__} has symbolic sizes or "
+            "strides; aotkit desugars subclasses with static outer shapes only. Compile "
+            "with dynamic=False (or mark the subclass's dimensions static)."
+        )
+    return SubclassCreationMeta(
+        flat_tensor_start_idx=start,
+        arg_count=idx - start,
+        attrs=inner,
+        outer_size=size,
+        outer_stride=stride,
+        meta=ctx,
+        original_subclass_type=type(value),
+        requires_grad=value.requires_grad,
+    )
+
+
+def unwrap_subclasses(values: Sequence[Any]) -> list[Any]:
+    """Every value flattened (subclasses to their inner tensors, recursively)."""
+    out: list[Any] = []
+    for v in values:
+        _flatten_into(v, out)
+    return out
+
+
+def _flatten_into(value: Any, out: list[Any]) -> None:
+    if not is_subclass(value):
+        out.append(value)
+        return
+    attrs, _ = value.__tensor_flatten__()
+    for name in attrs:
+        _flatten_into(getattr(value, name), out)
+
+
+def _attr_paths(meta: SubclassCreationMeta) -> list[tuple[str, ...]]:
+    paths: list[tuple[str, ...]] = []
+    for name, m in meta.attrs.items():
+        if isinstance(m, SubclassCreationMeta):
+            paths.extend((name, *p) for p in _attr_paths(m))
+        else:
+            paths.append((name,))
+    return paths
+
+
+def make_unwrapper(metas: Sequence[SubclassOrPlainMeta]) -> Unwrapper:
+    """``unwrap(values) -> graph values`` specialised to ``metas`` (the attribute paths of
+    every inner tensor are computed once)."""
+    plan: list[list[tuple[str, ...]] | None] = [
+        _attr_paths(m) if isinstance(m, SubclassCreationMeta) else None for m in metas
+    ]
+
+    def unwrap(values: Sequence[Any]) -> list[Any]:
+        out: list[Any] = []
+        for v, paths in zip(values, plan, strict=True):
+            if paths is None:
+                out.append(v)
+                continue
+            for path in paths:
+                t = v
+                for name in path:
+                    t = getattr(t, name)
+                out.append(t)
+        return out
+
+    return unwrap
+
+
+def rebuild(meta: SubclassOrPlainMeta, flat: Sequence[Any], *, mirror_grad: bool = False) -> Any:
+    """The value ``meta`` describes, rebuilt from the graph values ``flat``. With
+    ``mirror_grad`` (trace time), a rebuilt subclass requires grad when the traced one did."""
+    if isinstance(meta, PlainTensorMeta):
+        return flat[meta.unwrapped_idx]
+    inner = {name: rebuild(m, flat, mirror_grad=mirror_grad) for name, m in meta.attrs.items()}
+    cls: Any = meta.original_subclass_type
+    value = cls.__tensor_unflatten__(inner, meta.meta, meta.outer_size, meta.outer_stride)
+    if mirror_grad and meta.requires_grad and not value.requires_grad:
+        value.requires_grad_(True)
+    return value
+
+
+def make_wrapper(metas: Sequence[SubclassOrPlainMeta]) -> Wrapper:
+    """``wrap(graph values) -> values`` specialised to ``metas``."""
+    plain = all(isinstance(m, PlainTensorMeta) for m in metas)
+
+    def wrap(flat: Sequence[Any]) -> list[Any]:
+        if plain:
+            return list(flat)
+        return [rebuild(m, flat) for m in metas]
+
+    return wrap
+
+
+def coerce_tangent(value: Any, meta: SubclassOrPlainMeta) -> Any:
+    """A runtime tangent in the form the backward graph was traced for.
+
+    The tangent's subclass metadata is a guess made at trace time (See Note [Tangents of
+    subclass outputs] in aotkit_analysis). When the runtime tangent's type or
+    ``__tensor_flatten__`` context differs, it is asked to convert itself with torch's
+    ``__coerce_same_metadata_as_tangent__`` (DTensor redistributes to the traced
+    placements); a tangent that can't be converted raises.
+    """
+    if not isinstance(value, torch.Tensor):
+        return value
+    expected_type: type = torch.Tensor
+    expected_meta: Any = None
+    if isinstance(meta, SubclassCreationMeta):
+        expected_type, expected_meta = meta.original_subclass_type, meta.meta
+    runtime_type = type(value) if is_subclass(value) else torch.Tensor
+    runtime_meta = value.__tensor_flatten__()[1] if is_subclass(value) else None
+    if runtime_type is expected_type and runtime_meta == expected_meta:
+        return value
+    coerce = getattr(value, "__coerce_same_metadata_as_tangent__", None)
+    coerced = None
+    if coerce is not None:
+        if runtime_type is expected_type:
+            coerced = coerce(expected_meta)
+        else:
+            coerced = coerce(expected_meta, expected_type)
+    if coerced is None:
+        raise RuntimeError(
+            "aotkit: during the backward, a tangent's tensor subclass metadata differs from "
+            f"the one traced. Expected: {expected_meta} (type {expected_type.__name__}), "
+            f"got: {runtime_meta} (type {runtime_type.__name__}), shape: {tuple(value.shape)}. "
+            "Your tensor subclass must implement __coerce_same_metadata_as_tangent__."
+        )
+    return coerced
+
+
+def _boxed(fn: Callable[[list[Any]], Sequence[Any]]) -> Callable[[list[Any]], Sequence[Any]]:
+    fn._boxed_call = True  # type: ignore[attr-defined]  # See Note [Boxed calling convention]
+    return fn
+
+
+def subclass_forward(
+    compiled: Callable[..., Any],
+    inp_metas: Sequence[SubclassOrPlainMeta],
+    out_metas: Sequence[SubclassOrPlainMeta],
+) -> Callable[[list[Any]], Sequence[Any]]:
+    """A compiled forward (or inference) graph called with the user's values: the inputs
+    are flattened with ``inp_metas``, the first ``len(out_metas)`` returns rebuilt with
+    ``out_metas``; what follows them (saved tensors and symints) passes through. Boxed.
+    See Note [Tensor subclasses are desugared] in aotkit_schemas."""
+    call = as_list_caller(compiled)
+    unwrap = make_unwrapper(inp_metas)
+    wrap = make_wrapper(out_metas)
+    n_flat = sum(m.arg_count for m in out_metas)
+
+    def run(args: list[Any]) -> Sequence[Any]:
+        outs = call(unwrap(args))
+        return [*wrap(outs[:n_flat]), *outs[n_flat:]]
+
+    return _boxed(run)
+
+
+def subclass_backward(
+    compiled: Callable[..., Any],
+    num_saved: int,
+    tangent_metas: Sequence[SubclassOrPlainMeta],
+    grad_metas: Sequence[SubclassOrPlainMeta],
+) -> Callable[[list[Any]], Sequence[Any]]:
+    """A compiled backward graph called with ``(*saved, *tangents)`` where the tangents are
+    the user's values: they are coerced to the traced metadata, flattened (contiguous inner
+    tensors, as traced) and the gradients rebuilt with ``grad_metas``. Boxed."""
+    call = as_list_caller(compiled)
+    unwrap = make_unwrapper(tangent_metas)
+    wrap = make_wrapper(grad_metas)
+
+    def run(args: list[Any]) -> Sequence[Any]:
+        tangents = [coerce_tangent(t, m) for t, m in zip(args[num_saved:], tangent_metas, strict=True)]
+        flat = [
+            t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t
+            for t in unwrap(tangents)
+        ]
+        saved = args[:num_saved]
+        args.clear()
+        return wrap(call([*saved, *flat]))
+
+    return _boxed(run)
+
+
