@@ -547,7 +547,8 @@ def _compile_training(
         if subclasses is not None:
             n_saved = partition.num_saved_symints + partition.num_saved_tensors
             return subclass_backward(
-                compiled, n_saved, subclasses.tangent_metas, subclasses.grad_metas
+                compiled, n_saved, subclasses.tangent_metas, subclasses.grad_metas,
+                subclasses.zero_tangents(meta),
             )
         return compiled
 

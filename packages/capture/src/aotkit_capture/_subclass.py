@@ -18,7 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from aotkit_runtime import create_subclass_metas, is_subclass, rebuild, unwrap_subclasses
+from aotkit_runtime import (
+    ZeroTangent,
+    create_subclass_metas,
+    is_subclass,
+    rebuild,
+    unwrap_subclasses,
+    zero_tangent_maker,
+)
 from aotkit_schemas import (
     SubclassCreationMeta,
     SubclassOrPlainMeta,
@@ -73,6 +80,12 @@ class SubclassLayer:
             subclass_fw_graph_out_meta=self.fw_out_metas,
             subclass_tangent_meta=self.tangent_metas if meta.is_train else (),
         )
+
+    def zero_tangents(self, meta: ViewAndMutationMeta) -> list[ZeroTangent | None]:
+        return [
+            zero_tangent_maker(t, m)
+            for t, m in zip(meta.traced_tangents, self.tangent_metas, strict=True)
+        ]
 
     def _rebuild_all(self, metas: Sequence[SubclassOrPlainMeta], flat: Sequence[Any]) -> list[Any]:
         return [rebuild(m, flat, mirror_grad=True) for m in metas]

@@ -5,6 +5,7 @@ from ._autograd_function import make_autograd_function as make_autograd_function
 from ._call import as_list_caller as as_list_caller
 from ._epilogue import make_epilogue as make_epilogue
 from ._epilogue import needs_epilogue as needs_epilogue
+from ._subclass import ZeroTangent as ZeroTangent
 from ._subclass import create_subclass_metas as create_subclass_metas
 from ._subclass import is_subclass as is_subclass
 from ._subclass import make_unwrapper as make_unwrapper
@@ -13,9 +14,11 @@ from ._subclass import rebuild as rebuild
 from ._subclass import subclass_backward as subclass_backward
 from ._subclass import subclass_forward as subclass_forward
 from ._subclass import unwrap_subclasses as unwrap_subclasses
+from ._subclass import zero_tangent_maker as zero_tangent_maker
 
 __all__ = [
     "AutogradPlan",
+    "ZeroTangent",
     "as_list_caller",
     "create_subclass_metas",
     "is_subclass",
@@ -28,4 +31,5 @@ __all__ = [
     "subclass_backward",
     "subclass_forward",
     "unwrap_subclasses",
+    "zero_tangent_maker",
 ]

@@ -142,7 +142,45 @@ def make_wrapper(metas: Sequence[SubclassOrPlainMeta]) -> Wrapper:
     return wrap
 
 
-def coerce_tangent(value: Any, meta: SubclassOrPlainMeta) -> Any:
+ZeroTangent = Callable[[], Any]
+
+
+def zero_tangent_maker(traced: Any, meta: SubclassOrPlainMeta) -> ZeroTangent | None:
+    """For a subclass tangent traced as ``traced`` (static shapes), a function making the
+    zero tangent of that form: autograd materializes the gradient of an unused subclass
+    output of a custom Function as a plain zero tensor, which has no inner tensors."""
+    if not isinstance(meta, SubclassCreationMeta):
+        return None
+    like = [(t.shape, t.dtype, t.device) for t in unwrap_subclasses([traced])]
+
+    def zeros() -> Any:
+        flat = [torch.zeros(s, dtype=d, device=dev) for s, d, dev in like]
+        return rebuild(_renumbered(meta), flat)
+
+    return zeros
+
+
+def _renumbered(meta: SubclassCreationMeta) -> SubclassOrPlainMeta:
+    """``meta`` with its graph positions counted from 0."""
+    return _create_like(meta, meta.flat_tensor_start_idx)
+
+
+def _create_like(meta: SubclassOrPlainMeta, offset: int) -> SubclassOrPlainMeta:
+    if isinstance(meta, PlainTensorMeta):
+        return PlainTensorMeta(meta.unwrapped_idx - offset)
+    return SubclassCreationMeta(
+        flat_tensor_start_idx=meta.flat_tensor_start_idx - offset,
+        arg_count=meta.arg_count,
+        attrs={name: _create_like(m, offset) for name, m in meta.attrs.items()},
+        outer_size=meta.outer_size,
+        outer_stride=meta.outer_stride,
+        meta=meta.meta,
+        original_subclass_type=meta.original_subclass_type,
+        requires_grad=meta.requires_grad,
+    )
+
+
+def coerce_tangent(value: Any, meta: SubclassOrPlainMeta, zeros: ZeroTangent | None = None) -> Any:
     """A runtime tangent in the form the backward graph was traced for.
 
     The tangent's subclass metadata is a guess made at trace time (See Note [Tangents of
@@ -158,6 +196,9 @@ def coerce_tangent(value: Any, meta: SubclassOrPlainMeta) -> Any:
     if isinstance(meta, SubclassCreationMeta):
         expected_type, expected_meta = meta.original_subclass_type, meta.meta
     runtime_type = type(value) if is_subclass(value) else torch.Tensor
+    if zeros is not None and runtime_type is torch.Tensor and not bool(value.any()):
+        # autograd's zeros for an unused subclass output
+        return zeros()
     runtime_meta = value.__tensor_flatten__()[1] if is_subclass(value) else None
     if runtime_type is expected_type and runtime_meta == expected_meta:
         return value
@@ -209,16 +250,21 @@ def subclass_backward(
     num_saved: int,
     tangent_metas: Sequence[SubclassOrPlainMeta],
     grad_metas: Sequence[SubclassOrPlainMeta],
+    zero_tangents: Sequence[ZeroTangent | None],
 ) -> Callable[[list[Any]], Sequence[Any]]:
     """A compiled backward graph called with ``(*saved, *tangents)`` where the tangents are
     the user's values: they are coerced to the traced metadata, flattened (contiguous inner
-    tensors, as traced) and the gradients rebuilt with ``grad_metas``. Boxed."""
+    tensors, as traced) and the gradients rebuilt with ``grad_metas``. Boxed.
+    ``zero_tangents``: per tangent, ``zero_tangent_maker``'s result."""
     call = as_list_caller(compiled)
     unwrap = make_unwrapper(tangent_metas)
     wrap = make_wrapper(grad_metas)
 
     def run(args: list[Any]) -> Sequence[Any]:
-        tangents = [coerce_tangent(t, m) for t, m in zip(args[num_saved:], tangent_metas, strict=True)]
+        tangents = [
+            coerce_tangent(t, m, z)
+            for t, m, z in zip(args[num_saved:], tangent_metas, zero_tangents, strict=True)
+        ]
         flat = [
             t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t
             for t in unwrap(tangents)
