@@ -14,11 +14,10 @@ import aotkit
 import functorch.compile as torch_compile
 import pytest
 import torch
+from _subclasses import Int8WeightTensor, WrapperTensor
 from aotkit_schemas import SubclassCreationMeta, graph_outputs
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.testing._internal.two_tensor import TwoTensor
-
-from _subclasses import Int8WeightTensor, WrapperTensor
 
 Graphs = list[torch.fx.GraphModule]
 

@@ -17,7 +17,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 from aotkit_runtime import (
     ZeroTangent,
     create_subclass_metas,

@@ -36,13 +36,13 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from ._backward_mutations import check_backward_mutations
-from ._subclass import SubclassLayer
 from ._saved_detaches import (
     SavedOutputRecorder,
     last_computed,
     match_python_mode_graph,
     tag_forward_and_backward,
 )
+from ._subclass import SubclassLayer
 
 FlatFn = Callable[..., Sequence[Any]]
 
@@ -292,7 +292,7 @@ def _trace_joint(
     tangents = list(meta.traced_tangents)
     # The joint is read as a graph (partitioned), never run: its Python code is generated
     # only if someone asks for it (``gm.code``, a call).
-    to_trace = joint
+    to_trace: Callable[[list[Any], list[Any]], list[Any]] = joint
     if subclasses is not None:
         to_trace, primals, tangents = subclasses.desugar_joint(joint, primals, tangents)
     with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):

@@ -152,7 +152,10 @@ def mutations_under_no_grad_or_inference_mode(f_arg: Any) -> bool:
 def has_storage_mutation(f_arg: Any, arg: Any) -> bool:
     """True when ``set_`` left the input pointing at another storage."""
     if (inner := _inner_tensors(f_arg)) is not None:
-        return any(has_storage_mutation(t, a) for t, a in zip(inner, _inner_tensors(arg) or []))
+        before = _inner_tensors(arg)
+        return before is not None and any(
+            has_storage_mutation(t, a) for t, a in zip(inner, before, strict=True)
+        )
     w = _wrapper_of(f_arg)
     if w is None or not isinstance(arg, torch.Tensor):
         return False
@@ -169,8 +172,9 @@ def has_metadata_mutation(f_arg: Any, arg: Any) -> bool:
     Metadata mutations that cancel out (``x.t_(); x.t_()``) do not count.
     """
     if (inner := _inner_tensors(f_arg)) is not None:
-        return any(
-            has_metadata_mutation(t, a) for t, a in zip(inner, _inner_tensors(arg) or [])
+        before = _inner_tensors(arg)
+        return before is not None and any(
+            has_metadata_mutation(t, a) for t, a in zip(inner, before, strict=True)
         )
     w = _wrapper_of(f_arg)
     if w is None or not isinstance(arg, torch.Tensor):

@@ -199,7 +199,7 @@ def coerce_tangent(value: Any, meta: SubclassOrPlainMeta, zeros: ZeroTangent | N
     if zeros is not None and runtime_type is torch.Tensor and not bool(value.any()):
         # autograd's zeros for an unused subclass output
         return zeros()
-    runtime_meta = value.__tensor_flatten__()[1] if is_subclass(value) else None
+    runtime_meta = value.__tensor_flatten__()[1] if is_subclass(value) else None  # type: ignore[attr-defined]
     if runtime_type is expected_type and runtime_meta == expected_meta:
         return value
     coerce = getattr(value, "__coerce_same_metadata_as_tangent__", None)

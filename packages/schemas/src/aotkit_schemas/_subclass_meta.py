@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class SubclassCreationMeta:
         assert self.arg_count > 0, "a subclass with no inner tensor can't be desugared"
 
 
-SubclassOrPlainMeta = Union[PlainTensorMeta, SubclassCreationMeta]
+SubclassOrPlainMeta = PlainTensorMeta | SubclassCreationMeta
 
 
 def num_unwrapped(metas: Sequence[SubclassOrPlainMeta]) -> int:
