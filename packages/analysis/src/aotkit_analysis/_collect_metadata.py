@@ -81,7 +81,10 @@ def _tangent_like(t: torch.Tensor) -> torch.Tensor:
         if coerce is not None:
             t = coerce()
         attrs, ctx = t.__tensor_flatten__()
-        inner = {a: _tangent_like(getattr(t, a)) for a in attrs}
+        inner = {
+            a: _tangent_like(v) if isinstance(v, torch.Tensor) else v
+            for a, v in ((a, getattr(t, a)) for a in attrs)
+        }
         size = t.shape
         stride = torch._prims_common.make_contiguous_strides_for(size) if size else ()
         return type(t).__tensor_unflatten__(inner, ctx, size, stride)  # type: ignore[attr-defined]

@@ -64,7 +64,8 @@ def _inner_tensors(value: Any) -> list[Any] | None:
     """The inner tensors of a traceable wrapper subclass (None for anything else)."""
     if isinstance(value, torch.Tensor) and is_traceable_wrapper_subclass(value):
         attrs, _ = value.__tensor_flatten__()
-        return [getattr(value, a) for a in attrs]
+        # non-tensor inner values (DTensor's device mesh) are not functionalized
+        return [t for t in (getattr(value, a) for a in attrs) if isinstance(t, torch.Tensor)]
     return None
 
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from aotkit_schemas import PlainTensorMeta, SubclassCreationMeta, SubclassOrPlainMeta
+from aotkit_schemas import OpaqueMeta, PlainTensorMeta, SubclassCreationMeta, SubclassOrPlainMeta
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._call import as_list_caller
@@ -42,10 +42,14 @@ def _meta_of(value: Any, start: int) -> SubclassOrPlainMeta:
     if not is_subclass(value):
         return PlainTensorMeta(start)
     attrs, ctx = value.__tensor_flatten__()
-    inner: dict[str, SubclassOrPlainMeta] = {}
+    inner: dict[str, SubclassOrPlainMeta | OpaqueMeta] = {}
     idx = start
     for name in attrs:
-        m = _meta_of(getattr(value, name), idx)
+        attr = getattr(value, name)
+        if not isinstance(attr, torch.Tensor):
+            inner[name] = OpaqueMeta(attr)
+            continue
+        m = _meta_of(attr, idx)
         inner[name] = m
         idx += m.arg_count
     size, stride = tuple(value.shape), tuple(value.stride())
@@ -81,7 +85,9 @@ def _flatten_into(value: Any, out: list[Any]) -> None:
         return
     attrs, _ = value.__tensor_flatten__()
     for name in attrs:
-        _flatten_into(getattr(value, name), out)
+        attr = getattr(value, name)
+        if isinstance(attr, torch.Tensor):  # See OpaqueMeta
+            _flatten_into(attr, out)
 
 
 def _attr_paths(meta: SubclassCreationMeta) -> list[tuple[str, ...]]:
@@ -89,7 +95,7 @@ def _attr_paths(meta: SubclassCreationMeta) -> list[tuple[str, ...]]:
     for name, m in meta.attrs.items():
         if isinstance(m, SubclassCreationMeta):
             paths.extend((name, *p) for p in _attr_paths(m))
-        else:
+        elif isinstance(m, PlainTensorMeta):
             paths.append((name,))
     return paths
 
@@ -117,11 +123,15 @@ def make_unwrapper(metas: Sequence[SubclassOrPlainMeta]) -> Unwrapper:
     return unwrap
 
 
-def rebuild(meta: SubclassOrPlainMeta, flat: Sequence[Any], *, mirror_grad: bool = False) -> Any:
+def rebuild(
+    meta: SubclassOrPlainMeta | OpaqueMeta, flat: Sequence[Any], *, mirror_grad: bool = False
+) -> Any:
     """The value ``meta`` describes, rebuilt from the graph values ``flat``. With
     ``mirror_grad`` (trace time), a rebuilt subclass requires grad when the traced one did."""
     if isinstance(meta, PlainTensorMeta):
         return flat[meta.unwrapped_idx]
+    if isinstance(meta, OpaqueMeta):
+        return meta.value
     inner = {name: rebuild(m, flat, mirror_grad=mirror_grad) for name, m in meta.attrs.items()}
     cls: Any = meta.original_subclass_type
     value = cls.__tensor_unflatten__(inner, meta.meta, meta.outer_size, meta.outer_stride)
@@ -165,7 +175,9 @@ def _renumbered(meta: SubclassCreationMeta) -> SubclassOrPlainMeta:
     return _create_like(meta, meta.flat_tensor_start_idx)
 
 
-def _create_like(meta: SubclassOrPlainMeta, offset: int) -> SubclassOrPlainMeta:
+def _create_like(meta: SubclassOrPlainMeta | OpaqueMeta, offset: int) -> Any:
+    if isinstance(meta, OpaqueMeta):
+        return meta
     if isinstance(meta, PlainTensorMeta):
         return PlainTensorMeta(meta.unwrapped_idx - offset)
     return SubclassCreationMeta(

@@ -28,6 +28,7 @@ from ._signatures import BackwardSignature as BackwardSignature
 from ._signatures import GraphInputName as GraphInputName
 from ._signatures import GraphOutputName as GraphOutputName
 from ._signatures import GraphSignature as GraphSignature
+from ._subclass_meta import OpaqueMeta as OpaqueMeta
 from ._subclass_meta import PlainTensorMeta as PlainTensorMeta
 from ._subclass_meta import SubclassCreationMeta as SubclassCreationMeta
 from ._subclass_meta import SubclassOrPlainMeta as SubclassOrPlainMeta
@@ -47,6 +48,7 @@ __all__ = [
     "GraphSignature",
     "InputAliasInfo",
     "MutationType",
+    "OpaqueMeta",
     "OutputAliasInfo",
     "OutputType",
     "PartitionResult",

@@ -7,6 +7,9 @@
 # replaced, in the graphs, by its inner tensors, recursively for nested subclasses, in the
 # order its ``__tensor_flatten__`` lists them:
 #
+# Non-tensor inner values (DTensor's device mesh) are constants of the program
+# (``OpaqueMeta``), not graph values.
+#
 #     user values   (x: TwoTensor(a, b), y: Tensor)      ->  x * y: TwoTensor
 #     graph values  (primals_1 = x.a, primals_2 = x.b, primals_3 = y)
 #                                                        ->  (mul = a * y, mul_1 = b * y)
@@ -44,6 +47,19 @@ class PlainTensorMeta:
 
 
 @dataclass(frozen=True, eq=False)
+class OpaqueMeta:
+    """A non-tensor inner value of a subclass (DTensor's ``device_mesh``): kept in the meta
+    as a constant of the program, never passed to or returned from a graph (a graph
+    traced for one mesh has that mesh's process groups baked into its collectives)."""
+
+    value: Any
+
+    @property
+    def arg_count(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True, eq=False)
 class SubclassCreationMeta:
     """How to rebuild one traceable wrapper subclass from the plain graph values.
 
@@ -57,7 +73,7 @@ class SubclassCreationMeta:
     # (a TwoTensor of two TwoTensors takes 4)
     arg_count: int
     # one entry per attribute named by ``__tensor_flatten__``, in its order
-    attrs: Mapping[str, SubclassOrPlainMeta]
+    attrs: Mapping[str, SubclassOrPlainMeta | OpaqueMeta]
     # the outer size and stride passed to ``__tensor_unflatten__``
     outer_size: tuple[int, ...]
     outer_stride: tuple[int, ...]
