@@ -14,6 +14,7 @@ import aotkit
 import functorch.compile as torch_compile
 import pytest
 import torch
+import torch._functorch.aot_autograd as torch_aot
 from _subclasses import Int8WeightTensor, WrapperTensor
 from aotkit_schemas import SubclassCreationMeta, graph_outputs
 from torch._subclasses.fake_tensor import FakeTensor
@@ -312,3 +313,34 @@ def test_int8_weight_only_quantized_linear_through_aotkit_inductor() -> None:
     torch.testing.assert_close(got[0], expected[0], rtol=1e-4, atol=1e-4)
     for g, e in zip(got[1], expected[1], strict=True):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
+
+
+class _SubclassParam(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(TwoTensor(torch.randn(3, 3), torch.randn(3, 3)))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((x @ self.w).sin().sum(),)
+
+
+@pytest.mark.parametrize("trace_joint", [False, True])
+def test_aot_export_module_with_a_subclass_parameter_raises_torchs_error(trace_joint: bool) -> None:
+    m, x = _SubclassParam(), torch.randn(2, 3)
+    kwargs: dict[str, Any] = {"output_loss_index": 0} if trace_joint else {}
+    with pytest.raises(RuntimeError, match="not currently supported with traceable tensor subclass") as oracle:
+        torch_aot.aot_export_module(m, [x], trace_joint=trace_joint, **kwargs)
+    with pytest.raises(RuntimeError) as got:
+        aotkit.aot_export_module(m, [x], trace_joint=trace_joint, **kwargs)
+    assert str(oracle.value) in str(got.value)
+
+
+def test_aot_export_joint_simple_with_a_subclass_input_raises_torchs_error() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+        return ((x @ w).sin(),)
+
+    args = [torch.randn(2, 3), TwoTensor(torch.randn(3, 3), torch.randn(3, 3))]
+    with pytest.raises(RuntimeError, match="traceable tensor subclass"):
+        torch_aot.aot_export_joint_simple(f, args, trace_joint=False)
+    with pytest.raises(RuntimeError, match="traceable tensor subclass"):
+        aotkit.aot_export_joint_simple(f, args, trace_joint=False)

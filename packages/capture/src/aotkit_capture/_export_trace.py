@@ -27,6 +27,7 @@ from ._compile import _as_inference, _metadata, _output_needs_grad, _tracing_con
 from ._errors import explain_tracing_errors
 from ._export_pre_dispatch import trace_pre_dispatch
 from ._fakify import construct_fake_mode
+from ._subclass import needs_subclass_layer
 from ._trace import FlatFn, trace_inference, trace_joint
 
 
@@ -46,6 +47,13 @@ ALIASED_MUTATED_INPUT_MESSAGE = (
     "one of them is mutated. Clone the inputs before exporting."
 )
 
+SUBCLASS_MESSAGE = (
+    "aot_export is not currently supported with traceable tensor subclass.\n"
+    "If you need this feature, please comment on <CREATE_ISSUE_LINK>\n"
+    "(aotkit: export the module with plain tensors, for example by calling a subclass "
+    "parameter's own conversion (DTensor.full_tensor(), dequantize()) first; aot_function, "
+    "aot_module and torch.compile support subclasses.)"
+)
 FUNCTIONALIZED_RNG_MESSAGE = (
     "Functionalized RNG is not currently supported in the aot_export workflow. Set "
     "torch._functorch.config.functionalize_rng_ops = False to export."
@@ -90,7 +98,13 @@ def trace_for_export(
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     symbolic = shape_env is not None
     with explain_tracing_errors(), _tracing_context(fake_mode, symbolic):
-        meta, fake, traced_fn, _ = _metadata(flat_fn, flat_args, layout, cfg, fake_mode, shape_env)
+        meta, fake, traced_fn, fw_outs = _metadata(
+            flat_fn, flat_args, layout, cfg, fake_mode, shape_env
+        )
+        if needs_subclass_layer(fake, fw_outs):
+            # torch 2.15's aot_export rejects subclasses too (See Note [Tensor subclasses
+            # are desugared] in aotkit_schemas for what aot_function does with them)
+            raise AOTExportError(SUBCLASS_MESSAGE)
         for group in repeated:
             if any(meta.input_info[i].mutates_anything for i in group):
                 raise AOTExportError(DUPLICATED_MUTATED_INPUT_MESSAGE.format(indices=group))
