@@ -172,7 +172,8 @@ def zero_tangent_maker(traced: Any, meta: SubclassOrPlainMeta) -> ZeroTangent | 
 
 def _renumbered(meta: SubclassCreationMeta) -> SubclassOrPlainMeta:
     """``meta`` with its graph positions counted from 0."""
-    return _create_like(meta, meta.flat_tensor_start_idx)
+    renumbered: SubclassOrPlainMeta = _create_like(meta, meta.flat_tensor_start_idx)
+    return renumbered
 
 
 def _create_like(meta: SubclassOrPlainMeta | OpaqueMeta, offset: int) -> Any:
