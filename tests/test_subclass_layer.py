@@ -344,3 +344,19 @@ def test_aot_export_joint_simple_with_a_subclass_input_raises_torchs_error() -> 
         torch_aot.aot_export_joint_simple(f, args, trace_joint=False)
     with pytest.raises(RuntimeError, match="traceable tensor subclass"):
         aotkit.aot_export_joint_simple(f, args, trace_joint=False)
+
+
+def test_torch_compile_hands_plain_graphs_to_the_compilers() -> None:
+    torch._dynamo.reset()
+    graphs: Graphs = []
+    examples: list[list[Any]] = []
+    rec = _recording(graphs, examples, aotkit.nop)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    lin.weight = torch.nn.Parameter(TwoTensor(lin.weight.detach(), lin.weight.detach() * 2))
+    x = torch.randn(2, 4)
+    expected = lin(x)
+    got = torch.compile(lin, backend=aotkit.aot_autograd(fw_compiler=rec, bw_compiler=rec))(x)
+    assert_same(got.detach(), expected.detach())
+    got.sum().backward()
+    assert_plain_graphs(graphs, examples)
