@@ -102,3 +102,51 @@ class Int8WeightTensor(torch.Tensor):
         return func(*args, **kwargs)
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+
+
+class TaggedTensor(torch.Tensor):
+    """A one-tensor wrapper whose ``__tensor_flatten__`` context is a tag: results carry
+    the tag of their first TaggedTensor argument. A tangent with another tag converts
+    itself to the traced one (``__coerce_same_metadata_as_tangent__``)."""
+
+    elem: torch.Tensor
+    tag: str
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor, tag: str) -> TaggedTensor:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined,no-any-return]
+            cls, elem.shape, strides=elem.stride(), dtype=elem.dtype, device=elem.device,
+            requires_grad=elem.requires_grad,
+        )
+
+    def __init__(self, elem: torch.Tensor, tag: str) -> None:
+        self.elem = elem
+        self.tag = tag
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"TaggedTensor({self.elem!r}, {self.tag!r})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], Any]:
+        return ["elem"], self.tag
+
+    @staticmethod
+    def __tensor_unflatten__(
+        inner: dict[str, torch.Tensor], ctx: Any, outer_size: Any, outer_stride: Any
+    ) -> TaggedTensor:
+        return TaggedTensor(inner["elem"], ctx)
+
+    def __coerce_same_metadata_as_tangent__(self, expected: Any, expected_type: Any = None) -> Any:
+        if expected_type is not None and expected_type is not TaggedTensor:
+            return None
+        return TaggedTensor(self.elem, expected)
+
+    @classmethod
+    def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        tags = [a.tag for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, TaggedTensor)]
+        inner_args, inner_kwargs = pytree.tree_map_only(TaggedTensor, lambda t: t.elem, (args, kwargs))
+        out = func(*inner_args, **inner_kwargs)
+        wrapped = pytree.tree_map_only(torch.Tensor, lambda t: TaggedTensor(t, tags[0]), out)
+        return return_and_correct_aliasing(func, args, kwargs, wrapped)
+
+    __torch_function__ = torch._C._disabled_torch_function_impl

@@ -15,7 +15,7 @@ import functorch.compile as torch_compile
 import pytest
 import torch
 import torch._functorch.aot_autograd as torch_aot
-from _subclasses import Int8WeightTensor, WrapperTensor
+from _subclasses import Int8WeightTensor, TaggedTensor, WrapperTensor
 from aotkit_schemas import SubclassCreationMeta, graph_outputs
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.testing._internal.two_tensor import TwoTensor
@@ -360,3 +360,39 @@ def test_torch_compile_hands_plain_graphs_to_the_compilers() -> None:
     assert_same(got.detach(), expected.detach())
     got.sum().backward()
     assert_plain_graphs(graphs, examples)
+
+
+def test_tangent_with_other_subclass_metadata_is_coerced() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() * 2
+
+    def run(fn: Callable[..., Any]) -> tuple[Any, Any]:
+        torch.manual_seed(0)
+        x = TaggedTensor(torch.randn(3), "a").requires_grad_()
+        out = fn(x)
+        # the gradient arrives with tag "b"; the backward was traced for tag "a"
+        out.backward(TaggedTensor(torch.ones(3) * 3, "b"))
+        return out, x.grad
+
+    expected = run(f)
+    graphs: Graphs = []
+    examples: list[list[Any]] = []
+    rec = _recording(graphs, examples, aotkit.nop)
+    got = run(aotkit.aot_function(f, rec, rec))
+    oracle = run(torch_compile.aot_function(f, torch_compile.nop))
+    torch.testing.assert_close(got[1].elem, expected[1].elem)
+    assert_same(got, oracle)
+    assert_plain_graphs(graphs, examples)
+
+
+def test_tangent_that_cannot_be_coerced_raises() -> None:
+    f = aotkit.aot_function(lambda x: x * 2, aotkit.nop)
+    out = f(two(3))
+    with pytest.raises(RuntimeError, match="__coerce_same_metadata_as_tangent__"):
+        out.backward(WrapperTensor(torch.ones(3)))
+
+
+def test_subclass_with_symbolic_sizes_raises_a_clear_error() -> None:
+    f = aotkit.aot_function(lambda x: x * 2, aotkit.nop, dynamic=True)
+    with pytest.raises(NotImplementedError, match="symbolic sizes"):
+        f(two(3))
