@@ -396,3 +396,11 @@ def test_subclass_with_symbolic_sizes_raises_a_clear_error() -> None:
     f = aotkit.aot_function(lambda x: x * 2, aotkit.nop, dynamic=True)
     with pytest.raises(NotImplementedError, match="symbolic sizes"):
         f(two(3))
+
+
+def test_view_outputs_of_a_subclass_input_that_requires_grad() -> None:
+    check_three_ways(lambda x: (x.view(-1), x.t() * 2, x[0]), lambda: [two(2, 3)])
+
+
+def test_intermediate_view_output_of_a_subclass() -> None:
+    check_three_ways(lambda x: (x * 2).view(-1), lambda: [two(2, 3)])
