@@ -56,18 +56,62 @@ def input_alias_info(
     """What the function did to input ``arg``, read off its functional twin ``f_arg`` (a
     Python FunctionalTensor or a native wrapper) after the function ran."""
     storage = has_storage_mutation(f_arg, arg)
-    data = has_data_mutation(f_arg) and not storage
+    # A set_ also writes the wrapper's data; that write counts for the no_grad question
+    # (torch's rule) before the storage mutation suppresses the data flag.
+    # See Note [set_ on an input].
+    raw_data = has_data_mutation(f_arg)
+    data = raw_data and not storage
     metadata = has_metadata_mutation(f_arg, arg)
-    return InputAliasInfo(
+    info = InputAliasInfo(
         is_leaf=isinstance(arg, torch.Tensor) and arg.is_leaf,
         mutates_data=data,
         mutates_metadata=metadata,
         mutations_hidden_from_autograd=(data or metadata) and mutations_hidden_from_autograd(f_arg),
-        mutations_under_no_grad_or_inference_mode=data
+        mutations_under_no_grad_or_inference_mode=raw_data
         and mutations_under_no_grad_or_inference_mode(f_arg),
         mutates_storage_metadata=storage,
         requires_grad=isinstance(f_arg, torch.Tensor) and f_arg.requires_grad,
         keep_input_mutations=keep_input_mutations,
+    )
+    _check_storage_mutation(info)
+    return info
+
+
+# Note [set_ on an input]
+# ``x.set_(y)`` on an input swaps its storage. Two ways to honour it:
+#   * in the graph (``keep_inference_input_mutations``): a trailing ``set_`` under no_grad,
+#     allowed, as in torch, only when autograd need not see any of the input's mutations
+#     (all under no_grad or hidden from autograd);
+#   * out of the graph (aotkit only; torch raises): the epilogue swaps the caller's storage
+#     after the graph ran. That is exact only when the swap is the input's one visible
+#     change to autograd: a later ``x.mul_(2)`` that autograd records would have to be
+#     replayed on the new storage with its grad_fn, which neither path can do.
+# Every other combination raises torch's error instead of returning wrong values.
+
+
+def _check_storage_mutation(info: InputAliasInfo) -> None:
+    if not info.mutates_storage_metadata:
+        return
+    autograd_blind = (
+        info.mutations_hidden_from_autograd or info.mutations_under_no_grad_or_inference_mode
+    )
+    if info.mutation_type is MutationType.MUTATED_IN_GRAPH:
+        return
+    if not info.keep_input_mutations and (autograd_blind or not info.requires_grad):
+        return
+    raise AssertionError(
+        "Encountered a set_ on a graph input, but the input has other mutations that we cannot\n"
+        "keep in the graph. This is not supported today. Current state:\n"
+        f"  keep_input_mutations={info.keep_input_mutations}\n"
+        f"  mutates_data={info.mutates_data}\n"
+        f"  mutates_metadata={info.mutates_metadata}\n"
+        f"  mutations_hidden_from_autograd={info.mutations_hidden_from_autograd}\n"
+        "  mutations_under_no_grad_or_inference_mode="
+        f"{info.mutations_under_no_grad_or_inference_mode}\n"
+        f"  requires_grad={info.requires_grad}\n"
+        "Fix: do the set_() and every other mutation of this input under torch.no_grad(), "
+        "or pass keep_inference_input_mutations=False and leave the set_() as the input's "
+        "only change that autograd sees."
     )
 
 

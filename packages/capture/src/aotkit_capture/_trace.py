@@ -185,7 +185,9 @@ def _apply_kept_mutation(original: torch.Tensor, new: torch.Tensor, info: InputA
     written only so), without bumping the version counter when it was hidden from
     autograd (``.data``), as eager did."""
     if info.mutates_storage_metadata:
-        original.set_(new)  # type: ignore[call-overload]
+        # See Note [set_ on an input]: only kept when autograd need not see it
+        with torch.no_grad():
+            original.set_(new)  # type: ignore[call-overload]
     elif info.mutations_hidden_from_autograd:
         with torch.no_grad(), _unsafe_preserve_version_counter(original):
             original.copy_(new)

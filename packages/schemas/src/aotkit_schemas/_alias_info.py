@@ -108,8 +108,12 @@ class InputAliasInfo:
     def __post_init__(self) -> None:
         if self.mutates_storage_metadata and not self.mutates_metadata:
             raise ValueError("a storage mutation (set_) is always a metadata mutation too")
-        if self.mutations_under_no_grad_or_inference_mode and not self.mutates_data:
-            raise ValueError("mutations_under_no_grad_or_inference_mode needs mutates_data")
+        if self.mutations_under_no_grad_or_inference_mode and not (
+            self.mutates_data or self.mutates_storage_metadata
+        ):
+            raise ValueError(
+                "mutations_under_no_grad_or_inference_mode needs a data or storage mutation"
+            )
         if not (self.mutates_data or self.mutates_metadata):
             kind = MutationType.NOT_MUTATED
         elif mutation_can_stay_in_graph(
