@@ -8,7 +8,8 @@ AOTAutograd) and compares values, input states and gradients.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import aotkit
 import functorch.compile as torch_compile
@@ -43,7 +44,7 @@ def test_set_under_no_grad_stays_in_the_training_graph_as_set() -> None:
         _set_then_mutate_other, _graph_cell(graphs), keep_inference_input_mutations=True
     )(*got)
     torch.testing.assert_close(out, ref_out)
-    for r, g in zip(ref, got):
+    for r, g in zip(ref, got, strict=True):
         torch.testing.assert_close(g, r)
     targets = [n.target for n in graphs[0].graph.nodes]
     # the swap and the write stay in the graph, so the forward returns only the user output
