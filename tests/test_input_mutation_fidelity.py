@@ -98,3 +98,100 @@ def test_storage_resize_then_set_on_a_leaf_that_requires_grad() -> None:
     aotkit.aot_function(f, aotkit.nop, keep_inference_input_mutations=True)(got)
     torch.testing.assert_close(got.detach(), ref.detach())
     assert got.shape == ref.shape == (2,)
+
+
+def _zeroing_clone_op(name: str) -> Any:
+    """A custom op whose backward zeroes its second input (a buffer the caller owns)."""
+
+    @torch.library.custom_op(f"aotkit_test::{name}", mutates_args={})
+    def op(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @op.register_fake
+    def _(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        return torch.empty_like(x)
+
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.buf = inputs[1]
+
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        with torch.no_grad():
+            ctx.buf.zero_()
+        return grad * 2, None
+
+    op.register_autograd(backward, setup_context=setup_context)
+    return op
+
+
+_ZEROING_CLONE = _zeroing_clone_op("zeroing_clone")
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_backward_writes_a_forward_input_at_backward_time(keep: bool) -> None:
+    def f(x: torch.Tensor, buf: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+        other.mul_(5)
+        return _ZEROING_CLONE(x, buf) + other
+
+    def inputs() -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        return [torch.randn(3, requires_grad=True), torch.randn(3), torch.randn(3)]
+
+    ref, got = inputs(), inputs()
+    ref_out = f(*ref)
+    graphs: list[torch.fx.GraphModule] = []
+    out = aotkit.aot_function(
+        f, aotkit.nop, _graph_cell(graphs), keep_inference_input_mutations=keep
+    )(*got)
+    # after the forward: buf untouched, as in eager
+    for r, g in zip(ref, got, strict=True):
+        torch.testing.assert_close(g, r)
+    ref_out.sum().backward()
+    out.sum().backward()
+    for r, g in zip(ref, got, strict=True):
+        torch.testing.assert_close(g, r)
+    torch.testing.assert_close(got[0].grad, ref[0].grad)
+    # the write lives in the backward graph
+    assert torch.ops.aten.copy_.default in [n.target for n in graphs[0].graph.nodes]
+
+
+def test_backward_write_to_an_input_that_requires_grad_refuses_create_graph() -> None:
+    def f(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        return _ZEROING_CLONE(x, buf)
+
+    x = torch.randn(3, requires_grad=True)
+    buf = torch.randn(3, requires_grad=True)
+    loss = aotkit.aot_function(f, aotkit.nop)(x, buf).sum()
+    with pytest.raises(RuntimeError, match="create_graph=True"):
+        torch.autograd.grad(loss, x, create_graph=True)
+    # a plain backward works and writes the buffer, as in eager
+    loss = aotkit.aot_function(f, aotkit.nop)(x, buf).sum()
+    (grad,) = torch.autograd.grad(loss, x)
+    torch.testing.assert_close(grad, torch.full((3,), 2.0))
+    torch.testing.assert_close(buf.detach(), torch.zeros(3))
+
+
+class _WritesInBothPasses(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+        counter.add_(1)
+        ctx.counter = counter
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        ctx.counter.add_(1)
+        return grad, None
+
+
+def test_input_written_in_both_passes() -> None:
+    def f(x: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+        return _WritesInBothPasses.apply(x, counter)
+
+    x, counter = torch.randn(2, requires_grad=True), torch.zeros(2)
+    out = aotkit.aot_function(f, aotkit.nop, keep_inference_input_mutations=True)(x, counter)
+    torch.testing.assert_close(counter, torch.ones(2))
+    out.sum().backward()
+    torch.testing.assert_close(counter, torch.full((2,), 2.0))
+    # replayed after the graph, the forward's write would race the backward's: refused
+    with pytest.raises(AssertionError, match="keep_inference_input_mutations=True"):
+        aotkit.aot_function(f, aotkit.nop)(torch.randn(2, requires_grad=True), torch.zeros(2))

@@ -44,6 +44,7 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
+from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY
 from ._context import track_graph_compiling
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
@@ -576,6 +577,7 @@ def _compile_training(
         stale_tangents=tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items())),
         static_tangent_like=_static_tangent_like(meta),
         gradless_inputs=_gradless_inputs(bw_module, fake, meta),
+        backward_mutated_inputs=joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()),
     )
     run = make_autograd_function(compiled_fw, compile_backward, plan)
     return run

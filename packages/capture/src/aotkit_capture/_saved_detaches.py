@@ -163,7 +163,10 @@ def tag_forward_and_backward(graph: torch.fx.Graph, forward_end: torch.fx.Node) 
     and the output stay untagged). See Note [Forward and backward tags]."""
     tag = "is_forward"
     for n in graph.nodes:
-        if n.op not in ("placeholder", "output"):
+        # a backward-only write keeps its tag (See Note [Data mutations in the backward])
+        if n.op not in ("placeholder", "output") and n.meta.get("partitioner_tag") != (
+            "must_be_in_backward"
+        ):
             n.meta["partitioner_tag"] = tag
         if n is forward_end:
             tag = "is_backward"

@@ -35,7 +35,13 @@ from torch.autograd.grad_mode import _unsafe_preserve_version_counter
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
-from ._backward_mutations import check_backward_mutations
+from ._backward_mutations import (
+    BACKWARD_MUTATED_INPUTS_KEY,
+    BACKWARD_TAG,
+    backward_written_inputs,
+    check_backward_mutations,
+    mutation_counts,
+)
 from ._saved_detaches import (
     SavedOutputRecorder,
     last_computed,
@@ -221,6 +227,7 @@ def _move_kept_mutations(
         n for n in gm.graph.nodes
         if n.op == "call_function" and n.target in _KEPT_MUTATION_OPS
         and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"
+        and n.meta.get("partitioner_tag") != BACKWARD_TAG
     ][-count:]
     anchor = forward_end
     for n in mutations:
@@ -266,6 +273,8 @@ def _trace_joint(
                 # See Note [Input mutations kept in the training graph]
                 kept_updates = [unwrap(f_primals[i]) for i in in_graph]
                 forward_end.append(last_graph_node())
+                # See Note [Data mutations in the backward]
+                counts_after_forward = mutation_counts(f_primals)
                 outs_and_tangents = [
                     (k, returns[pos], f_tangents[k])
                     for k, pos in enumerate(tangent_positions)
@@ -280,14 +289,23 @@ def _trace_joint(
                 stale_tangents.update(failed)
             # See Note [Metadata mutations in the backward]
             check_backward_mutations(primals, f_primals, tangents, f_tangents, meta)
+            bw_written = backward_written_inputs(f_primals, counts_after_forward, meta)
+            bw_updates = [unwrap(f_primals[i]) for i in bw_written]
             plain_returns = [unwrap(r) for r in returns]
             plain_grads = [unwrap(g) if g is not None else None for g in grads]
         for i, new in zip(in_graph, kept_updates, strict=True):
             _apply_kept_mutation(primals[i], new, meta.input_info[i])
+        for i, new in zip(bw_written, bw_updates, strict=True):
+            with torch.no_grad():  # checked at run time; See Note [Data mutations in the backward]
+                primals[i].copy_(new)
+            last_graph_node().meta["partitioner_tag"] = BACKWARD_TAG
+            if meta.input_info[i].requires_grad:
+                bw_mutated_requiring_grad.append(i)
         return [*plain_returns, *plain_grads]
 
     in_graph = meta.mutated_inp_in_graph_indices
     forward_end: list[torch.fx.Node] = []
+    bw_mutated_requiring_grad: list[int] = []
     stale_tangents: dict[int, str] = {}
     saved_outputs = SavedOutputRecorder()
     primals = list(fake_args)
@@ -313,6 +331,7 @@ def _trace_joint(
     match_python_mode_graph(gm, saved_outputs)
     # See Note [Backward paths through stale saved values]
     gm.meta[STALE_TANGENTS_KEY] = stale_tangents
+    gm.meta[BACKWARD_MUTATED_INPUTS_KEY] = tuple(bw_mutated_requiring_grad)
     return gm, [primals, tangents]
 
 

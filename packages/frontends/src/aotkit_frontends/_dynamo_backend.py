@@ -243,12 +243,21 @@ def _inductor_keeping_layouts(
 
 # The registered backends: module attributes, so that dynamo's registry can load them by
 # name through the entry points in this package's pyproject. See Note [Import cost].
-aotkit_eager = aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=default_partition)
+# Like torch's aot_eager and inductor backends, both keep eligible input mutations in the
+# graph (a custom backward's write to a buffer the forward also wrote needs it; See Note
+# [Data mutations in the backward] in aotkit_capture).
+aotkit_eager = aot_autograd(
+    fw_compiler=nop,
+    bw_compiler=nop,
+    partition_fn=default_partition,
+    keep_inference_input_mutations=True,
+)
 aotkit_inductor = aot_autograd(
     fw_compiler=_inductor_keeping_layouts,
     bw_compiler=_inductor_keeping_layouts,
     partition_fn=min_cut_rematerialization_partition,
     decompositions=_inductor_decompositions,
+    keep_inference_input_mutations=True,
 )
 _BACKENDS = {"aotkit_eager": aotkit_eager, "aotkit_inductor": aotkit_inductor}
 _REGISTERED: set[str] = set()

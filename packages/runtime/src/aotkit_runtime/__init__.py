@@ -1,5 +1,6 @@
 """aotkit_runtime: the generated autograd.Function and the runtime wrappers."""
 
+from ._autograd_function import BACKWARD_MUTATION_CREATE_GRAPH as BACKWARD_MUTATION_CREATE_GRAPH
 from ._autograd_function import AutogradPlan as AutogradPlan
 from ._autograd_function import make_autograd_function as make_autograd_function
 from ._call import as_list_caller as as_list_caller
@@ -17,6 +18,7 @@ from ._subclass import unwrap_subclasses as unwrap_subclasses
 from ._subclass import zero_tangent_maker as zero_tangent_maker
 
 __all__ = [
+    "BACKWARD_MUTATION_CREATE_GRAPH",
     "AutogradPlan",
     "ZeroTangent",
     "as_list_caller",

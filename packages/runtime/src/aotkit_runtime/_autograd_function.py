@@ -94,6 +94,12 @@ def _opaque_positions(meta: ViewAndMutationMeta) -> frozenset[int]:
     return frozenset(hidden)
 
 
+BACKWARD_MUTATION_CREATE_GRAPH = (
+    "aot_autograd does not support input mutations with requires_grad in backward for "
+    "create_graph=True"
+)
+
+
 @dataclass(frozen=True)
 class AutogradPlan:
     """What the autograd.Function needs, fixed at compile time."""
@@ -118,6 +124,9 @@ class AutogradPlan:
     # inputs that require grad but get none from the backward graph: passed detached, so
     # the node has no edge to them (See Note [Inputs the backward never reaches])
     gradless_inputs: tuple[int, ...] = ()
+    # inputs that require grad and that the backward graph writes to; a backward that
+    # records a graph raises (See Note [Data mutations in the backward] in aotkit_capture)
+    backward_mutated_inputs: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.meta.is_train, "an AutogradPlan needs training metadata"
@@ -160,6 +169,7 @@ def make_autograd_function(
     # See Note [Backward paths through stale saved values] in aotkit_frontends: the
     # backward raises autograd's message when one of these tangents gets a gradient
     stale = dict(plan.stale_tangents)
+    backward_mutated_inputs = plan.backward_mutated_inputs
     bw_holder: list[Callable[[list[Any]], Sequence[Any]]] = []
     tangent_deps = plan.tangent_deps
     # None (not zeros) for the gradients of unused outputs
@@ -215,6 +225,8 @@ def make_autograd_function(
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
+            if backward_mutated_inputs and torch.is_grad_enabled():
+                raise RuntimeError(BACKWARD_MUTATION_CREATE_GRAPH)
             if not bw_holder:
                 bw_holder.append(_backward_caller(compiled_bw()))
             bw = bw_holder[0]
