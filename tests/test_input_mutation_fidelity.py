@@ -15,6 +15,7 @@ import aotkit
 import functorch.compile as torch_compile
 import pytest
 import torch
+import torch._functorch.aot_autograd as torch_aot
 
 
 def _graph_cell(cell: list[torch.fx.GraphModule]) -> Callable[..., Any]:
@@ -195,3 +196,16 @@ def test_input_written_in_both_passes() -> None:
     # replayed after the graph, the forward's write would race the backward's: refused
     with pytest.raises(AssertionError, match="keep_inference_input_mutations=True"):
         aotkit.aot_function(f, aotkit.nop)(torch.randn(2, requires_grad=True), torch.zeros(2))
+
+
+def test_export_joint_simple_input_mutation_error_reads_as_torchs() -> None:
+    def f(p: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor]:
+        p.mul_(2)
+        return (p + x,)
+
+    args = [torch.nn.Parameter(torch.ones(2)), torch.randn(2)]
+    message = "aot_export_joint_simple does not support input mutations. ViewAndMutationMeta"
+    with pytest.raises(RuntimeError, match=message):
+        aotkit.aot_export_joint_simple(f, args, trace_joint=False)
+    with pytest.raises(RuntimeError, match=message):
+        torch_aot.aot_export_joint_simple(f, args, trace_joint=False)

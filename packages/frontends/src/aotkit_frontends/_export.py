@@ -320,7 +320,8 @@ def aot_export_joint_simple(
             )
     if any(i.mutates_anything for i in meta.input_info):
         raise AOTExportError(
-            f"aot_export_joint_simple does not support input mutations.\n{meta.describe()}"
+            # torch's text: the summary follows on the same line
+            f"aot_export_joint_simple does not support input mutations. {meta.describe()}"
         )
     if any(o.output_type is not OutputType.non_alias for o in meta.output_info):
         raise AOTExportError(
