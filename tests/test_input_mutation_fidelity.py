@@ -209,3 +209,8 @@ def test_export_joint_simple_input_mutation_error_reads_as_torchs() -> None:
         aotkit.aot_export_joint_simple(f, args, trace_joint=False)
     with pytest.raises(RuntimeError, match=message):
         torch_aot.aot_export_joint_simple(f, args, trace_joint=False)
+    joint_message = "Found a graph input that requires gradients, and received a mutation"
+    with pytest.raises(RuntimeError, match=joint_message):
+        aotkit.aot_export_joint_simple(f, args, trace_joint=True)
+    with pytest.raises(RuntimeError, match=joint_message):
+        torch_aot.aot_export_joint_simple(f, args, trace_joint=True)

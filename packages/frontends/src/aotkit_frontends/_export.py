@@ -318,6 +318,11 @@ def aot_export_joint_simple(
             raise AOTExportError(
                 METADATA_MUTATION_MESSAGE.format(index=i, name=f"input {i}", meta=meta.describe())
             )
+        if trace_joint and info.mutates_data and info.requires_grad:
+            # torch's joint trace rejects this first, with its own message
+            raise AOTExportError(
+                GRAD_INPUT_MUTATION_MESSAGE.format(index=i, name=f"input {i}", meta=meta.describe())
+            )
     if any(i.mutates_anything for i in meta.input_info):
         raise AOTExportError(
             # torch's text: the summary follows on the same line
