@@ -41,6 +41,7 @@ def test_partitioner_signatures() -> None:
         *head,
         ("num_fwd_outputs", P.KEYWORD_ONLY),
         ("static_lifetime_input_indices", P.KEYWORD_ONLY),
+        ("functionalize_rng", P.KEYWORD_ONLY),
         ("kwargs", P.VAR_KEYWORD),
     ]
     assert _sig(aotkit_partitioners.min_cut_rematerialization_partition) == [
@@ -48,6 +49,7 @@ def test_partitioner_signatures() -> None:
         ("num_fwd_outputs", P.KEYWORD_ONLY),
         ("compiler", P.KEYWORD_ONLY),
         ("static_lifetime_input_indices", P.KEYWORD_ONLY),
+        ("functionalize_rng", P.KEYWORD_ONLY),
         ("kwargs", P.VAR_KEYWORD),
     ]
     assert _sig(aotkit_partitioners.memory_budget_partition) == [

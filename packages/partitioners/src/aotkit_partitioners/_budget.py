@@ -6,9 +6,10 @@
 #     target = min_bytes + budget * (max_bytes - min_bytes)
 #
 # ``max_bytes`` is what the min-cut partitioner saves (budget 1 returns its choice exactly).
-# ``min_bytes`` is the cheapest cut when every op except graph inputs, random ops and side
-# effects may be recomputed; budget 0 returns that cut, which in practice saves only the
-# primals (plus random-op results, which are never recomputed).
+# ``min_bytes`` is the cheapest cut when every op except graph inputs and side effects may
+# be recomputed (random ops too, with functionalized RNG: their generator states are saved
+# instead; without it their results are saved); budget 0 returns that cut, which in
+# practice saves only the primals (and the states or random results).
 #
 # In between, the partitioner picks which "expensive" ops (those the min-cut refuses to
 # recompute: matmuls, non-allowlisted ops, shrinking reductions) the backward may recompute,
@@ -44,6 +45,7 @@ from ._mincut import (
     saved_bytes,
     solve,
 )
+from ._rng import functional_rng
 
 Solver = Literal["greedy", "milp"]
 
@@ -112,9 +114,13 @@ class MemoryBudgetPartitioner:
         static_lifetime_input_indices: Sequence[int] | None = None,
         memory_budget: float | None = None,
         solver: Solver | None = None,
+        functionalize_rng: bool | None = None,
         **kwargs: Any,
     ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
-        """Partition ``joint_module``; ``memory_budget``/``solver`` override this instance's."""
+        """Partition ``joint_module``; ``memory_budget``/``solver`` override this instance's.
+
+        ``functionalize_rng`` as for ``min_cut_rematerialization_partition``.
+        """
         del joint_inputs, kwargs
         if memory_budget is not None or solver is not None:
             chosen = MemoryBudgetPartitioner(
@@ -124,7 +130,9 @@ class MemoryBudgetPartitioner:
         else:
             chosen = self
         info = prepare_joint(joint_module, num_fwd_outputs)
-        problem = build_problem(info, static_lifetime_input_indices)
+        problem = build_problem(
+            info, static_lifetime_input_indices, functional_rng=functional_rng(functionalize_rng)
+        )
         saved = chosen.choose_saved(problem)
         return partition_with_saved(info, problem, saved, static_lifetime_input_indices)
 

@@ -11,7 +11,8 @@ from aotkit_schemas import is_sym_node
 
 from ._extract import build_modules
 from ._joint import JointInfo, analyze_joint, forward_available, is_primal, sorted_nodes
-from ._ops import ban_reason, must_recompute, mutated_readers
+from ._ops import ban_reason, is_random, must_recompute, mutated_readers
+from ._rng import functional_rng, replay_recomputed_rng_inplace
 
 
 def forward_region(info: JointInfo) -> set[torch.fx.Node]:
@@ -89,7 +90,7 @@ def saved_values(info: JointInfo, fw_nodes: set[torch.fx.Node]) -> list[torch.fx
 
 
 def _honour_checkpoint_tags(
-    info: JointInfo, read: list[torch.fx.Node]
+    info: JointInfo, read: list[torch.fx.Node], functional_rng: bool
 ) -> tuple[list[torch.fx.Node], set[torch.fx.Node]]:
     """Replace values tagged for recomputation (activation checkpointing) by their inputs.
 
@@ -106,7 +107,10 @@ def _honour_checkpoint_tags(
         node = stack.pop()
         if node in recomputed:
             continue
-        if must_recompute(node) and ban_reason(node, node in mutated) is None:
+        if (
+            must_recompute(node)
+            and ban_reason(node, node in mutated, functional_rng=functional_rng) is None
+        ):
             recomputed.add(node)
             stack.extend(node.all_input_nodes)
         else:
@@ -120,6 +124,7 @@ def default_partition(
     *,
     num_fwd_outputs: int,
     static_lifetime_input_indices: Sequence[int] | None = None,
+    functionalize_rng: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """Split ``joint_module`` the way eager autograd splits work between forward and backward.
@@ -127,7 +132,9 @@ def default_partition(
     The forward graph computes what the user's forward computed; every forward value the
     backward reads is saved (a size rather than a tensor when the backward needs only the
     size); the backward graph recomputes nothing, except values activation checkpointing
-    tagged for recomputation. Both graphs are free of dead code.
+    tagged for recomputation; a tagged random op replays the forward's draw when RNG is
+    functionalized (``functionalize_rng``; None reads the global switch, see
+    Note [Functionalized RNG]). Both graphs are free of dead code.
     See Note [Joint graph calling convention] in ``aotkit_schemas``.
 
     ``joint_inputs`` is unused and other keyword arguments are accepted and ignored, so the
@@ -137,12 +144,16 @@ def default_partition(
     info = analyze_joint(joint_module, num_fwd_outputs)
     fw_nodes = forward_region(info)
     read = saved_values(info, fw_nodes)
-    saved, recomputed = _honour_checkpoint_tags(info, read)
+    functional = functional_rng(functionalize_rng)
+    saved, recomputed = _honour_checkpoint_tags(info, read, functional)
     bw_allowed = (set(info.nodes) - fw_nodes) | recomputed
-    return build_modules(
+    fw, bw = build_modules(
         info,
         saved,
         fw_allowed=fw_nodes | info.fw_required | set(read),
         bw_allowed=bw_allowed,
         static_lifetime_input_indices=static_lifetime_input_indices,
     )
+    if functional and any(is_random(n) for n in recomputed):
+        replay_recomputed_rng_inplace(fw, bw, num_fwd_outputs)
+    return fw, bw

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._prims.rng_prims import run_and_save_rng_state
 
 _BACKWARD_PLACEHOLDER_PREFIXES = ("tangents", "bwd_seed", "bwd_base_offset")
 
@@ -65,6 +66,9 @@ def is_impure(node: torch.fx.Node, *, impure_random: bool) -> bool:
     if node.op != "call_function":
         return False
     target = node.target
+    if target is run_and_save_rng_state:
+        # a draw, whatever fx says of higher-order ops. See Note [Functionalized RNG].
+        return impure_random
     if not isinstance(target, torch._ops.OpOverload):
         return bool(node.is_impure(impure_random=impure_random))
     key = (target, impure_random)

@@ -29,12 +29,21 @@
 # recomputed in the backward to spare two sizes. Last, among cuts equal on both counts, the
 # one saving fewest sizes (``0 + s0`` is recomputed from a saved ``s0`` rather than saved
 # next to it).
+#
+# Random ops (with functionalized RNG, Note [Functionalized RNG] in aotkit_schemas): a random
+# op ``r`` the backward recomputes needs the generator state the forward drew it from. The
+# state is a value the forward has (source side) that must be saved if ``r`` is recomputed:
+# an edge ``source -> r_in`` whose capacity is the state's bytes (5,056 on CPU). So the cut
+# recomputes a dropout mask only when the mask and whatever else recomputing it would keep
+# alive cost more than the state: a mask of a tensor the backward keeps anyway (attention
+# probabilities saved for a matmul) is recomputed; a mask of a value saved for nothing else
+# usually is not (the bool mask is a quarter of a float32 input).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -45,7 +54,8 @@ from ._cost import SYMINT_BYTES, node_bytes
 from ._cse import cse_graph, duplicates
 from ._extract import PartitionError, build_modules
 from ._joint import JointInfo, analyze_joint, ancestors, is_tuple_node, nodes_of
-from ._ops import ban_reason, must_recompute, mutated_readers
+from ._ops import ban_reason, is_random, must_recompute, mutated_readers
+from ._rng import functional_rng, replay_recomputed_rng_inplace, rng_state_bytes
 
 _SOURCE = -1
 _SINK = -2
@@ -84,10 +94,16 @@ class CutProblem:
     nbytes: dict[torch.fx.Node, int | None]
     # hops from each candidate to its nearest backward reader
     dist: dict[torch.fx.Node, int]
+    # random candidates the backward may replay: bytes of the generator state to save then
+    # (empty without functionalized RNG; see Note [Min-cut flow graph])
+    rng_state: dict[torch.fx.Node, int] = field(default_factory=dict)
 
 
 def build_problem(
-    info: JointInfo, static_lifetime_input_indices: Sequence[int] | None = None
+    info: JointInfo,
+    static_lifetime_input_indices: Sequence[int] | None = None,
+    *,
+    functional_rng: bool = False,
 ) -> CutProblem:
     closure = info.tangent_closure
     live_bw = info.bw_required
@@ -105,13 +121,16 @@ def build_problem(
     static = {info.primals[i] for i in static_lifetime_input_indices or ()}
     banned: dict[torch.fx.Node, str] = {}
     nbytes: dict[torch.fx.Node, int | None] = {}
+    rng_state: dict[torch.fx.Node, int] = {}
     for n in candidates:
         if n.op == "placeholder":
             banned[n] = "graph input"
         elif n in info.fw_required:
-            reason = ban_reason(n, n in mutated)
+            reason = ban_reason(n, n in mutated, functional_rng=functional_rng)
             if reason is not None:
                 banned[n] = reason
+            elif is_random(n):
+                rng_state[n] = rng_state_bytes(n)
         if is_sym_node(n):
             nbytes[n] = SYMINT_BYTES
         elif (
@@ -131,7 +150,7 @@ def build_problem(
             if du is not None and du + 1 < d:
                 d = du + 1
         dist[n] = d
-    return CutProblem(info, candidates, frozenset(demanded), banned, nbytes, dist)
+    return CutProblem(info, candidates, frozenset(demanded), banned, nbytes, dist, rng_state)
 
 
 def saved_bytes(problem: CutProblem, saved: Collection[torch.fx.Node]) -> int:
@@ -199,8 +218,17 @@ def solve(
                 forced.add(i)
                 continue
         inputs = n.all_input_nodes
+        state = None if banned[i] else problem.rng_state.get(n)
         if banned[i]:
             in_v[i] = _SOURCE
+        elif state is not None:
+            # a replayed draw needs its generator state: see Note [Min-cut flow graph]
+            in_v[i] = 2 * i
+            edges.append((_SOURCE, 2 * i, state * scale + tiebreak))
+            for a in inputs:
+                j = index[a]
+                if j not in sink_side_out:
+                    edges.append((2 * j + 1, 2 * i, None))
         elif len(inputs) == 1:
             j = index[inputs[0]]
             in_v[i] = None if j in sink_side_out else 2 * j + 1
@@ -312,7 +340,10 @@ def partition_with_saved(
     saved: Sequence[torch.fx.Node],
     static_lifetime_input_indices: Sequence[int] | None,
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
-    """Build the graphs for a chosen saved set, checking no banned node is recomputed."""
+    """Build the graphs for a chosen saved set, checking no banned node is recomputed.
+
+    Random ops the backward recomputes replay the forward's draw (Note [Functionalized RNG]).
+    """
     fw_allowed = set(info.nodes) - info.tangent_closure
     never_in_bw = {n for n, reason in problem.banned.items() if reason in HARD_BANS}
     bw_allowed = set(info.nodes) - (never_in_bw - set(saved))
@@ -324,6 +355,8 @@ def partition_with_saved(
         static_lifetime_input_indices=static_lifetime_input_indices,
         late_recompute=True,
     )
+    if problem.rng_state:
+        replay_recomputed_rng_inplace(fw, bw, len(info.fwd_outputs))
     return fw, bw
 
 
@@ -334,18 +367,24 @@ def min_cut_rematerialization_partition(
     num_fwd_outputs: int,
     compiler: str = "inductor",
     static_lifetime_input_indices: Sequence[int] | None = None,
+    functionalize_rng: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """Split ``joint_module`` saving as few bytes as possible for the backward.
 
     The backward recomputes chains of cheap pointwise and view ops when that lowers the
-    bytes saved; it never recomputes matmuls, convolutions, attention, random ops or
-    shrinking reductions. See Note [Min-cut flow graph] and Note [Recomputation policy].
+    bytes saved; it never recomputes matmuls, convolutions, attention or shrinking
+    reductions. Random ops are recomputed only with functionalized RNG
+    (``functionalize_rng``; None reads ``aotkit_schemas.functionalize_rng_enabled()``),
+    replaying the forward's draw. See Note [Min-cut flow graph], Note [Recomputation
+    policy] and Note [Functionalized RNG].
     ``joint_module`` is not modified; ``joint_inputs``, ``compiler`` and other keyword
     arguments are accepted for compatibility with torch's signature and ignored.
     """
     del joint_inputs, compiler, kwargs
     info = prepare_joint(joint_module, num_fwd_outputs)
-    problem = build_problem(info, static_lifetime_input_indices)
+    problem = build_problem(
+        info, static_lifetime_input_indices, functional_rng=functional_rng(functionalize_rng)
+    )
     saved = solve(problem)
     return partition_with_saved(info, problem, saved, static_lifetime_input_indices)

@@ -4,7 +4,7 @@
 # The backward may recompute a forward node instead of receiving it from the forward only if
 # recomputing it is cheap and gives the same value:
 #
-# * never: primal inputs, random ops (a second draw differs), ops with side effects,
+# * never: primal inputs, random ops (a second draw differs; but see below), ops with side effects,
 #   compute-heavy ops (matmuls, convolutions, attention), ops outside the allowlist below
 #   (softmax, normalisations, ...), reductions whose output is 4x smaller than their inputs
 #   (the output is cheap to save, the input expensive to keep), and any op that reads a
@@ -18,8 +18,15 @@
 #
 # Activation-checkpointing tags (``meta['recompute']``) override the list: a node tagged
 # MUST/PREFER_RECOMPUTE is never saved and may be recomputed even if compute-heavy, one
-# tagged MUST/PREFER_SAVE is never recomputed. Tags on random or effectful ops are ignored
-# (recomputing them would change the result): those are always saved.
+# tagged MUST/PREFER_SAVE is never recomputed. Tags on effectful ops are ignored (recomputing
+# them would change the result): those are always saved.
+#
+# With functionalized RNG (the default; Note [Functionalized RNG] in aotkit_schemas) a
+# random ATen op may be recomputed like a cheap op: the forward saves the generator state
+# it drew from and the backward replays the draw from it. The min-cut charges the state's
+# bytes for that (Note [Min-cut flow graph]); checkpoint tags on random ops are honoured.
+# Without it random ops are never recomputed and their tags are ignored.
+# ``run_and_save_rng_state`` itself is a draw and is never recomputed.
 #
 # The rule binds only nodes the forward must compute anyway. A tangent-free node that only
 # the backward needs (``t(weight)`` feeding a gradient matmul) is not a recomputation; the
@@ -36,6 +43,7 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_schemas import is_sym_node
+from torch._prims.rng_prims import run_and_save_rng_state
 from torch.utils.checkpoint import CheckpointPolicy
 
 from ._cost import input_bytes, node_bytes
@@ -106,7 +114,19 @@ def is_mutating(node: torch.fx.Node) -> bool:
 
 
 def is_random(node: torch.fx.Node) -> bool:
+    """An op that draws from a generator (``run_and_save_rng_state`` included)."""
+    if node.target is run_and_save_rng_state:
+        return True
     return packet(node) in RANDOM or torch.Tag.nondeterministic_seeded in _tags(node)
+
+
+def is_replayable_random(node: torch.fx.Node) -> bool:
+    """A random ATen op that ``run_with_rng_state`` can replay in the backward."""
+    return (
+        is_random(node)
+        and isinstance(node.target, torch._ops.OpOverload)
+        and not is_mutating(node)
+    )
 
 
 def is_compute_intensive(node: torch.fx.Node) -> bool:
@@ -166,11 +186,15 @@ def must_recompute(node: torch.fx.Node) -> bool:
     )
 
 
-def ban_reason(node: torch.fx.Node, reads_mutated: bool) -> str | None:
+def ban_reason(
+    node: torch.fx.Node, reads_mutated: bool, *, functional_rng: bool = False
+) -> str | None:
     """Why the backward may not recompute ``node``; None if it may.
 
     See Note [Recomputation policy]. A node tagged for recomputation by activation
-    checkpointing may be recomputed even if compute-heavy (not if random or effectful).
+    checkpointing may be recomputed even if compute-heavy (not if effectful, nor if random
+    unless ``functional_rng``). With ``functional_rng`` a random ATen op may be recomputed:
+    the backward replays the forward's draw.
     """
     if node.op == "placeholder":
         return "graph input"
@@ -178,7 +202,8 @@ def ban_reason(node: torch.fx.Node, reads_mutated: bool) -> str | None:
         return None  # a constant of the module: either graph can read it
     if node.op != "call_function":
         return "not a call_function"
-    if is_random(node):
+    random = is_random(node)
+    if random and not (functional_rng and is_replayable_random(node)):
         return "random op"
     if is_mutating(node) or is_impure(node, impure_random=False):
         return "side effect"
@@ -189,7 +214,7 @@ def ban_reason(node: torch.fx.Node, reads_mutated: bool) -> str | None:
         return "checkpoint policy MUST_SAVE"
     if policy is CheckpointPolicy.PREFER_SAVE:
         return "checkpoint policy PREFER_SAVE"
-    if must_recompute(node):
+    if must_recompute(node) or random:
         return None
     if is_size_query(node):
         return "size the forward computes"

@@ -23,6 +23,9 @@ from ._protocols import output_node as output_node
 from ._protocols import reads_graph_only as reads_graph_only
 from ._protocols import stealing_entry as stealing_entry
 from ._protocols import unboxed_entry as unboxed_entry
+from ._rng import functionalize_rng as functionalize_rng
+from ._rng import functionalize_rng_enabled as functionalize_rng_enabled
+from ._rng import set_functionalize_rng as set_functionalize_rng
 from ._signatures import FQN as FQN
 from ._signatures import BackwardSignature as BackwardSignature
 from ._signatures import GraphInputName as GraphInputName
@@ -58,6 +61,8 @@ __all__ = [
     "RUNTIME_MUTATED_INPUT_KEY",
     "Partitioner",
     "ViewAndMutationMeta",
+    "functionalize_rng",
+    "functionalize_rng_enabled",
     "graph_outputs",
     "has_subclass",
     "is_boxed",
@@ -70,6 +75,7 @@ __all__ = [
     "num_unwrapped",
     "output_node",
     "reads_graph_only",
+    "set_functionalize_rng",
     "stealing_entry",
     "unboxed_entry",
 ]
