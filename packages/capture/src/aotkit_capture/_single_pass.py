@@ -76,6 +76,7 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
+from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
     SavedOutputRecorder,
     match_python_mode_graph,
@@ -314,12 +315,13 @@ def trace_single_pass(
     primals = list(fake_args)
     try:
         with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
-            gm = make_fx(joint, decomposition_table=decompositions)(primals)
+            gm = make_fx(keyed_rng(joint), decomposition_table=decompositions)(primals)
     finally:
         # a function that switched grad mode off and was abandoned must not leave it off
         torch.set_grad_enabled(True)
     if any(needs_python_mode(n) for n in gm.graph.nodes):
         raise NotSinglePass("the traced graph keeps an op the Python mode rewrites")
+    replay_rng_inplace(gm)  # See Note [RNG replay keys]
     tangents: list[torch.Tensor] = found["tangents"]
     # See Note [Forward and backward tags]
     tag_forward_and_backward(gm.graph, found["forward_end"])

@@ -42,6 +42,7 @@ from ._backward_mutations import (
     check_backward_mutations,
     mutation_counts,
 )
+from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
     SavedOutputRecorder,
     last_computed,
@@ -316,7 +317,8 @@ def _trace_joint(
     if subclasses is not None:
         to_trace, primals, tangents = subclasses.desugar_joint(joint, primals, tangents)
     with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
-        gm = make_fx(to_trace, decomposition_table=decompositions)(primals, tangents)
+        gm = make_fx(keyed_rng(to_trace), decomposition_table=decompositions)(primals, tangents)
+    replay_rng_inplace(gm)  # See Note [RNG replay keys]
     end = forward_end[0]
     if in_graph:
         # a subclass input is written through each of its inner tensors

@@ -1,0 +1,175 @@
+"""Random ops that a joint trace runs twice from one generator state replay one draw.
+
+# Note [RNG replay keys]
+# ``torch.utils.checkpoint`` (non-reentrant) recomputes its region during the backward
+# after setting the generator back to the state the forward saw, so eager draws the same
+# dropout mask twice. A trace over fake tensors draws nothing: every random op becomes an
+# independent node, and the recomputation would draw a fresh mask. To see the replay, the
+# joint trace keys each random op by the *real* CPU generator's state when it runs, then
+# moves the generator to a new state derived from that key (``manual_seed`` of a hash of
+# it). Keys then repeat exactly when the generator was put back to an earlier state, which
+# is what checkpoint's ``set_rng_state`` does and what makes eager repeat a draw. After the
+# trace:
+#
+# * the first node with a key becomes ``run_and_save_rng_state(op, ...)``: the forward's
+#   draw, returning the state it drew from;
+# * every later node with that key becomes ``run_with_rng_state(state, op, ...)``: the
+#   same numbers, and the generator is left where it was, as checkpoint's ``fork_rng``
+#   leaves it.
+#
+# The generator's state before the trace is restored after it, so tracing draws nothing
+# from the user's stream. Random ops on other devices are not keyed (no device here to
+# prove it on); their recomputations draw afresh, as before. Only with functionalized RNG
+# on (Note [Functionalized RNG] in aotkit_schemas).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+import torch
+import torch.fx
+from aotkit_schemas import functionalize_rng_enabled
+from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+__all__ = ["keyed_rng", "replay_rng_inplace"]
+
+_KEY = "aotkit_rng_key"
+
+
+def _draws(func: Any) -> bool:
+    return isinstance(func, torch._ops.OpOverload) and (
+        torch.Tag.nondeterministic_seeded in func.tags
+    )
+
+
+def _on_cpu(out: Any) -> bool:
+    values = out if isinstance(out, (tuple, list)) else (out,)
+    return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values)
+
+
+class _RngKeys(TorchDispatchMode):  # type: ignore[misc]
+    """Tags each random op's new graph nodes with the generator state it ran from.
+
+    See Note [RNG replay keys].
+    """
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if not _draws(func):
+            return func(*args, **(kwargs or {}))
+        mode = get_proxy_mode()
+        graph = mode.tracer.graph if mode is not None else None
+        before = set(graph.nodes) if graph is not None else set()
+        with _disable_current_modes():
+            key = hashlib.sha256(bytes(torch.default_generator.get_state().tolist())).digest()
+        out = func(*args, **(kwargs or {}))
+        if graph is None or not _on_cpu(out):
+            return out
+        for node in graph.nodes:
+            if node not in before and node.op == "call_function" and _draws(node.target):
+                node.meta[_KEY] = key
+        with _disable_current_modes():
+            torch.default_generator.manual_seed(int.from_bytes(key[:8], "little") >> 1)
+        return out
+
+
+def keyed_rng(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a function traced by make_fx so its random ops carry replay keys.
+
+    A no-op when functionalized RNG is off. See Note [RNG replay keys].
+    """
+    if not functionalize_rng_enabled():
+        return fn
+
+    @functools.wraps(fn)
+    def traced(*args: Any) -> Any:
+        with _disable_current_modes():
+            saved = torch.default_generator.get_state()
+        try:
+            with _RngKeys():
+                return fn(*args)
+        finally:
+            with _disable_current_modes():
+                torch.default_generator.set_state(saved)
+
+    return traced
+
+
+def _state_val(like: Any) -> Any:
+    with _disable_current_modes():
+        state = torch.default_generator.get_state()
+    fake_mode = getattr(like, "fake_mode", None)
+    return fake_mode.from_tensor(state) if fake_mode is not None else state
+
+
+def replay_rng_inplace(gm: torch.fx.GraphModule) -> int:
+    """Rewrite random ops that share a replay key; modifies ``gm``. Returns the number of
+    replays. See Note [RNG replay keys].
+
+    Before::
+
+        bernoulli = bernoulli.p(empty_like, 0.5)        # forward, key K
+        bernoulli_1 = bernoulli.p(empty_like_1, 0.5)    # checkpoint recompute, key K
+
+    After::
+
+        run_and_save = run_and_save_rng_state(bernoulli.p, empty_like, 0.5)
+        rng_state = run_and_save[0]; bernoulli = run_and_save[1]
+        bernoulli_1 = run_with_rng_state(rng_state, bernoulli.p, empty_like_1, 0.5)
+    """
+    groups: dict[bytes, list[torch.fx.Node]] = {}
+    for node in gm.graph.nodes:
+        key = node.meta.pop(_KEY, None)
+        if key is not None:
+            groups.setdefault(key, []).append(node)
+    graph = gm.graph
+    replays = 0
+    for first, *rest in groups.values():
+        if not rest:
+            continue
+        target = cast(torch.fx.node.Argument, first.target)
+        val = first.meta.get("val")
+        like = val[0] if isinstance(val, (tuple, list)) else val
+        with graph.inserting_before(first):
+            pair = graph.create_node(
+                "call_function", run_and_save_rng_state, (target, *first.args), dict(first.kwargs)
+            )
+            state = graph.create_node(
+                "call_function", operator.getitem, (pair, 0), {}, name=f"rng_state_{first.name}"
+            )
+            value = graph.create_node("call_function", operator.getitem, (pair, 1), {})
+        state.meta = {k: v for k, v in first.meta.items() if k != "val"}
+        state.meta["val"] = _state_val(like)
+        pair.meta = {k: v for k, v in first.meta.items() if k != "val"}
+        pair.meta["val"] = (state.meta["val"], val)
+        value.meta = dict(first.meta)
+        first.replace_all_uses_with(value)
+        graph.erase_node(first)
+        for node in rest:
+            with graph.inserting_before(node):
+                replay = graph.create_node(
+                    "call_function",
+                    run_with_rng_state,
+                    (state, cast(torch.fx.node.Argument, node.target), *node.args),
+                    dict(node.kwargs),
+                )
+            replay.meta = dict(node.meta)
+            node.replace_all_uses_with(replay)
+            graph.erase_node(node)
+            replays += 1
+    if replays:
+        graph.lint()
+        gm.recompile()
+    return replays
