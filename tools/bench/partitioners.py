@@ -14,7 +14,12 @@ then split that same graph, in one process with ``torch.set_num_threads(1)``:
   Both produce ordinary GraphModules (code generated eagerly); the ``lazy`` table repeats
   the timing with torch's lazy-graph-module switch on for both, as under torch.compile.
 * ok: aotkit's forward/backward pair reproduces the joint graph's outputs and gradients on
-  random inputs.
+  random inputs (with the generator seeded alike before each run, so random ops draw the
+  same numbers: with functionalized RNG a recomputed dropout mask replays the forward's).
+
+Models with dropout (``*_dropout``) are also split by aotkit with functionalized RNG off
+(Note [Functionalized RNG]), in a table of saved MB and of whether each pair's gradients
+are identical (``torch.equal``) to the joint's and to torch's pair's.
 
 Then a scaling curve: aotkit's min-cut time on TransformerEncoder joints of growing depth,
 up to ~20,000 nodes (torch's time alongside, up to ``--torch-max-nodes``).
@@ -103,6 +108,11 @@ def _transformer_layer() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     return layer, (torch.randn(8, 128, 256),)
 
 
+def _transformer_layer_dropout() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
+    layer = nn.TransformerEncoderLayer(256, 4, dim_feedforward=512, dropout=0.1, batch_first=True)
+    return layer.train(), (torch.randn(8, 128, 256),)
+
+
 def _conv_bn_relu() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     layers: list[nn.Module] = []
     channels = 3
@@ -130,6 +140,10 @@ def _encoder(
 MODELS: dict[str, tuple[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]]] = {
     "mlp": ("4x Linear(512)+GELU, batch 64", _mlp),
     "transformer": ("TransformerEncoderLayer(256,4,ff=512), 8x128", _transformer_layer),
+    "transformer_dropout": (
+        "TransformerEncoderLayer(256,4,ff=512,dropout=0.1), 8x128, training",
+        _transformer_layer_dropout,
+    ),
     "conv_bn_relu": ("3x conv-bn-relu, 8x3x32x32", _conv_bn_relu),
     "chain": ("24-deep gelu(x)*sigmoid(x)+cos(x), 256x256", _pointwise_chain),
     "encoder12": ("12-layer TransformerEncoder(d_model=128)", lambda: _encoder(12)),
@@ -140,7 +154,7 @@ def saved_mb(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, n: int) -> floa
     return ap.partition_report(fw, bw, n).saved_bytes / MB
 
 
-def check(joint: Joint, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule) -> bool:
+def _real_inputs(joint: Joint) -> tuple[list[Any], list[Any]]:
     primals, tangents = joint.joint_inputs
 
     def real(t: Any) -> Any:
@@ -150,14 +164,76 @@ def check(joint: Joint, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule) -> b
             return torch.randn(t.shape, dtype=t.dtype)
         return torch.zeros(t.shape, dtype=t.dtype)
 
-    p, t = [real(x) for x in primals], [real(x) for x in tangents]
-    want = pytree.tree_leaves(joint.gm(p, t), is_leaf=lambda x: x is None)
-    got = run_partition(fw, bw, joint.num_fwd_outputs, [*p, *t], len(p))
+    return [real(x) for x in primals], [real(x) for x in tangents]
+
+
+_SEED = 2026
+
+
+def run_joint(joint: Joint, p: list[Any], t: list[Any]) -> list[Any]:
+    torch.manual_seed(_SEED)
+    return list(pytree.tree_leaves(joint.gm(p, t), is_leaf=lambda x: x is None))
+
+
+def run_pair(
+    joint: Joint, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, p: list[Any], t: list[Any]
+) -> list[Any]:
+    torch.manual_seed(_SEED)
+    return list(run_partition(fw, bw, joint.num_fwd_outputs, [*p, *t], len(p)))
+
+
+def _same(got: list[Any], want: list[Any], *, exact: bool = False) -> bool:
     return len(got) == len(want) and all(
         (a is None and b is None)
-        or (isinstance(a, torch.Tensor) and torch.allclose(a, b, rtol=1e-3, atol=1e-4))
+        or (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and (torch.equal(a, b) if exact else torch.allclose(a, b, rtol=1e-3, atol=1e-4))
+        )
         for a, b in zip(got, want, strict=True)
     )
+
+
+def check(joint: Joint, fw: torch.fx.GraphModule, bw: torch.fx.GraphModule) -> bool:
+    p, t = _real_inputs(joint)
+    return _same(run_pair(joint, fw, bw, p, t), run_joint(joint, p, t))
+
+
+def run_rng(names: list[str]) -> None:
+    """Saved MB with and without functionalized RNG, and whether gradients are identical."""
+    rows = [n for n in names if n.endswith("_dropout")]
+    if not rows:
+        return
+    print("\nfunctionalized RNG (aotkit min-cut with it on and off vs torch's min-cut, CPU):")
+    print(
+        f"{'model':20s} {'torch MB':>9s} {'rng on MB':>9s} {'rng off MB':>10s} "
+        f"{'on/torch':>8s} {'on = joint':>10s} {'on = torch':>10s} {'off = joint':>11s}"
+    )
+    for name in rows:
+        torch.manual_seed(0)
+        model, inputs = MODELS[name][1]()
+        joint = capture_joint(model, *inputs)
+        n = joint.num_fwd_outputs
+        _, (tfw, tbw) = _time_torch(joint)
+        on_fw, on_bw = ap.min_cut_rematerialization_partition(
+            joint.gm, joint.joint_inputs, num_fwd_outputs=n, functionalize_rng=True
+        )
+        off_fw, off_bw = ap.min_cut_rematerialization_partition(
+            joint.gm, joint.joint_inputs, num_fwd_outputs=n, functionalize_rng=False
+        )
+        t_mb = saved_mb(tfw, tbw, n)
+        on_mb, off_mb = saved_mb(on_fw, on_bw, n), saved_mb(off_fw, off_bw, n)
+        p, t = _real_inputs(joint)
+        want = run_joint(joint, p, t)
+        on = run_pair(joint, on_fw, on_bw, p, t)
+        theirs = run_pair(joint, tfw, tbw, p, t)
+        off = run_pair(joint, off_fw, off_bw, p, t)
+        print(
+            f"{name:20s} {t_mb:9.3f} {on_mb:9.3f} {off_mb:10.3f} {on_mb / t_mb:8.3f} "
+            f"{_same(on, want, exact=True)!s:>10s} {_same(on, theirs, exact=True)!s:>10s} "
+            f"{_same(off, want, exact=True)!s:>11s}",
+            flush=True,
+        )
 
 
 @contextmanager
@@ -289,7 +365,9 @@ def main(argv: list[str] | None = None) -> int:
         f"torch {torch.__version__}, python {sys.version.split()[0]}, "
         f"{args.reps} paired repetitions per model"
     )
-    run_models([m for m in args.models.split(",") if m], args.reps)
+    models = [m for m in args.models.split(",") if m]
+    run_models(models, args.reps)
+    run_rng(models)
     if not args.no_scaling:
         run_scaling([int(x) for x in args.layers.split(",")], args.torch_max_nodes)
     return 0
