@@ -123,9 +123,7 @@ def is_random(node: torch.fx.Node) -> bool:
 def is_replayable_random(node: torch.fx.Node) -> bool:
     """A random ATen op that ``run_with_rng_state`` can replay in the backward."""
     return (
-        is_random(node)
-        and isinstance(node.target, torch._ops.OpOverload)
-        and not is_mutating(node)
+        is_random(node) and isinstance(node.target, torch._ops.OpOverload) and not is_mutating(node)
     )
 
 
