@@ -8,6 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+import torch.utils.checkpoint
 from corpus import NA, NM, case_registrar, ints, rand
 
 case = case_registrar("core")
@@ -236,6 +237,21 @@ def dropout_training(x):
     return torch.nn.functional.dropout(x, 0.5, training=True) * 2
 
 
+def _sin_dropout(x, w):
+    return F.dropout(torch.sin(x @ w), 0.5, training=True).cos()
+
+
+# See Note [RNG replay keys]: the recomputation replays the forward's mask, as eager does.
+@case(inputs=lambda: (rand(4, 8, grad=True), rand(8, 8, grad=True)))
+def checkpoint_dropout(x, w):
+    return torch.utils.checkpoint.checkpoint(_sin_dropout, x, w, use_reentrant=False) * 2
+
+
+@case(inputs=lambda: (rand(4, 8, grad=True), rand(8, 8, grad=True)))
+def rand_like_forward(x, w):
+    return (x * torch.rand_like(x)).sin() @ w
+
+
 @case(inputs=lambda: (rand(3, 3, grad=True), rand(3, 3)))
 def output_without_grad_only(x, y):
     return (y * 2).sum(), y.cos()
@@ -256,6 +272,24 @@ class DoubleGradSquare(torch.autograd.Function):
     def backward(ctx, grad):
         (x,) = ctx.saved_tensors
         return 2 * (2 * x * grad)
+
+
+class NoisyGrad(torch.autograd.Function):
+    """Identity whose backward scales the gradient by fresh uniform noise (a draw that
+    eager makes during the backward)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 1.0
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * torch.rand_like(grad)
+
+
+@case(inputs=lambda: (rand(4, 8, grad=True),))
+def rand_in_custom_backward(x):
+    return NoisyGrad.apply(x.sin()).cos()
 
 
 class ScaledSum(torch.autograd.Function):
