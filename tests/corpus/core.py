@@ -7,8 +7,8 @@ import math
 
 import torch
 import torch.nn.functional as F
-
 import torch.utils.checkpoint
+
 from corpus import NA, NM, case_registrar, ints, rand
 
 case = case_registrar("core")

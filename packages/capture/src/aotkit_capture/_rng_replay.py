@@ -54,7 +54,7 @@ def _on_cpu(out: Any) -> bool:
     return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values)
 
 
-class _RngKeys(TorchDispatchMode):  # type: ignore[misc]
+class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
     """Tags each random op's new graph nodes with the generator state it ran from.
 
     See Note [RNG replay keys].
@@ -98,7 +98,7 @@ def keyed_rng(fn: Callable[..., Any]) -> Callable[..., Any]:
         with _disable_current_modes():
             saved = torch.default_generator.get_state()
         try:
-            with _RngKeys():
+            with _RngKeys():  # type: ignore[no-untyped-call]
                 return fn(*args)
         finally:
             with _disable_current_modes():
