@@ -43,6 +43,8 @@ from aotkit_schemas import MutationType as MutationType
 from aotkit_schemas import OutputAliasInfo as OutputAliasInfo
 from aotkit_schemas import OutputType as OutputType
 from aotkit_schemas import ViewAndMutationMeta as ViewAndMutationMeta
+from aotkit_schemas import functionalize_rng as functionalize_rng
+from aotkit_schemas import set_functionalize_rng as set_functionalize_rng
 
 __version__ = "0.1.0"
 
@@ -72,6 +74,7 @@ __all__ = [
     "compiled_function",
     "compiled_module",
     "default_partition",
+    "functionalize_rng",
     "get_aot_compilation_context",
     "get_aot_graph_name",
     "get_graph_being_compiled",
@@ -86,4 +89,5 @@ __all__ = [
     "print_compiler",
     "register_dynamo_backends",
     "register_partitioner",
+    "set_functionalize_rng",
 ]
