@@ -80,9 +80,15 @@ def solve_budget_milp(problem: CutProblem, target: int) -> list[torch.fx.Node] |
     flops = flops / scale
     bytes_row = np.zeros(3 * n)
     bytes_row[c : c + n] = nbytes
+    # A replayed draw saves its generator state: state * (1 - a_i) bytes (See Note
+    # [Min-cut flow graph]); the constant moves to the right-hand side.
+    states = 0.0
+    for node, state in problem.rng_state.items():
+        bytes_row[a + index[node]] -= state
+        states += state
     base = coo_matrix((vals, (rows, cols)), shape=(len(row_ub), 3 * n)).tocsr()
     structure = LinearConstraint(base, -np.inf, np.asarray(row_ub))
-    budget = LinearConstraint(bytes_row[None, :], -np.inf, float(target))
+    budget = LinearConstraint(bytes_row[None, :], -np.inf, float(target) - states)
     integrality = np.ones(3 * n)
     bounds = Bounds(lb, ub)
     options = {"mip_rel_gap": 0.0, "time_limit": 60.0, "disp": False}

@@ -154,8 +154,14 @@ def build_problem(
 
 
 def saved_bytes(problem: CutProblem, saved: Collection[torch.fx.Node]) -> int:
-    """Bytes the cost model charges for saving ``saved``."""
-    return sum(problem.nbytes[n] or 0 for n in saved)
+    """Bytes the cost model charges for saving ``saved`` (and the generator states of the
+    random ops the backward then replays; see Note [Min-cut flow graph])."""
+    total = sum(problem.nbytes[n] or 0 for n in saved)
+    if problem.rng_state:
+        kept = set(saved)
+        replayed = ancestors(problem.demanded - kept, stop=kept) - kept
+        total += sum(b for n, b in problem.rng_state.items() if n in replayed)
+    return total
 
 
 def _is_tensor(node: torch.fx.Node) -> bool:
