@@ -3,6 +3,7 @@ and records any difference. See Note [Graph functions] in aotkit_backends."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -71,13 +72,22 @@ def checking_compiler(gm: torch.fx.GraphModule, problems: list[str], kind: str) 
         problems.append(f"{kind}: graph_function does not handle this graph")
         return gm
 
+    # a higher-order op (run_and_save_rng_state, ...) has no rule for a Python dispatch
+    # mode: such graphs are compared by their outputs only
+    has_hop = any(
+        isinstance(n.target, torch._ops.HigherOrderOperator) for n in gm.graph.nodes
+    )
+
+    def recorder() -> Any:
+        return contextlib.nullcontext(OverloadRecorder()) if has_hop else OverloadRecorder()
+
     def run(*args: Any) -> Any:
         copies = [_clone(a) for a in args]
         rng = torch.get_rng_state()
-        with OverloadRecorder() as seen_fast:
+        with recorder() as seen_fast:
             got = fast(*copies)
         torch.set_rng_state(rng)
-        with OverloadRecorder() as seen_ref:
+        with recorder() as seen_ref:
             ref = gm(*args)
         # See Note [In-place accumulation in graph functions]: the one op it may change
         fast_ops = [_ADD if op is _ADD_ else op for op in seen_fast.ops]
