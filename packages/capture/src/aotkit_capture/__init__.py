@@ -28,6 +28,7 @@ from ._export_trace import retrace_flat as retrace_flat
 from ._export_trace import trace_for_export as trace_for_export
 from ._fakify import construct_fake_mode as construct_fake_mode
 from ._fakify import fakify_inputs as fakify_inputs
+from ._node_meta import call_preserving_node_meta as call_preserving_node_meta
 from ._shape_guards import ShapeGuard as ShapeGuard
 from ._single_pass import NotSinglePass as NotSinglePass
 from ._single_pass import trace_single_pass as trace_single_pass
@@ -46,6 +47,7 @@ __all__ = [
     "Runner",
     "ShapeGuard",
     "TracedGraphs",
+    "call_preserving_node_meta",
     "compile_flat",
     "construct_fake_mode",
     "explain_tracing_errors",

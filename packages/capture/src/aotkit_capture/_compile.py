@@ -48,6 +48,8 @@ from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY
 from ._context import track_graph_compiling
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
+from ._logs import log_inference, log_joint, log_partition
+from ._node_meta import propagate_mutation_meta
 from ._shape_guards import ShapeGuard
 from ._single_pass import trace_single_pass
 from ._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
@@ -380,6 +382,8 @@ def _compile_inference(
     compiler = cfg.inference_compiler or cfg.fw_compiler
     with _lazy_modules(reads_graph_only(compiler)):
         gm = trace_inference(traced_fn, fake, meta, cfg.decompositions, subclasses)
+    propagate_mutation_meta(gm.graph)  # See Note [Preserved node meta]
+    log_inference(gm, meta)
     artifacts.inference_module = gm
     example = fake if subclasses is None else unwrap_subclasses(fake)
     with track_graph_compiling(cfg, "inference"):
@@ -522,6 +526,8 @@ def _compile_training(
             traced_fn, fake, meta, cfg.decompositions, native=native, subclasses=subclasses
         )
     _mark_runtime_mutated_primals(joint, meta, subclasses)
+    propagate_mutation_meta(joint.graph)  # See Note [Preserved node meta]
+    log_joint(joint, single_pass=artifacts.single_pass)
     artifacts.joint_module = joint
     n_fwd = meta.num_forward_returns
     if subclasses is not None:
@@ -532,6 +538,7 @@ def _compile_training(
     with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy):
         fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
+    log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn))
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
     with track_graph_compiling(cfg, "forward"):
         compiled_fw = cfg.fw_compiler(fw_module, fake)
@@ -581,6 +588,10 @@ def _compile_training(
     )
     run = make_autograd_function(compiled_fw, compile_backward, plan)
     return run
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
 def _native_functionalization(meta: ViewAndMutationMeta, cfg: AOTConfig, layout: InputLayout) -> bool:

@@ -253,7 +253,8 @@ def _insert_detach(
 def _set_meta(d: torch.fx.Node, value: torch.fx.Node, tag: str) -> None:
     # a detach is the same fake tensor as far as the graph's readers care (sizes, strides,
     # storage); sharing the example value saves a fake-tensor dispatch per node
-    for key in ("val", "tensor_meta"):
+    # ... and it comes from the same source line (See Note [Preserved node meta])
+    for key in ("val", "tensor_meta", "stack_trace", "nn_module_stack"):
         if key in value.meta:
             d.meta[key] = value.meta[key]
     # See Note [Forward and backward tags]: the first detach is made in the forward

@@ -43,6 +43,7 @@ from ._backward_mutations import (
     mutation_counts,
 )
 from ._rng_replay import keyed_rng, replay_rng_inplace
+from ._node_meta import backward_node_meta
 from ._saved_detaches import (
     SavedOutputRecorder,
     last_computed,
@@ -366,7 +367,9 @@ def primal_grads(
     ]
     if not outs_and_tangents or not diff:
         return grads, {}
-    computed, failed = _input_grads(outs_and_tangents, [p for _, p in diff])
+    # See Note [Preserved node meta]
+    with backward_node_meta([o for _, o, _ in outs_and_tangents]):
+        computed, failed = _input_grads(outs_and_tangents, [p for _, p in diff])
     for (i, _), g in zip(diff, computed, strict=True):
         grads[i] = g
     return grads, failed

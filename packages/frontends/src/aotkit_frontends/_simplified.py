@@ -26,7 +26,7 @@ import torch
 import torch._functorch.config as functorch_config
 import torch.fx
 import torch.nn as nn
-from aotkit_capture import compile_flat
+from aotkit_capture import call_preserving_node_meta, compile_flat
 from aotkit_partitioners import default_partition
 from torch._guards import Source, TracingContext
 from torch._subclasses.fake_tensor import FakeTensor
@@ -183,7 +183,8 @@ def aot_module_simplified(
 
     def functional_call(*flat: Any) -> list[Any]:
         with stateless._reparametrize_module(mod, dict(zip(names, flat[:num_params], strict=True))):
-            out = mod(*flat[num_params:])
+            # See Note [Preserved node meta]
+            out = call_preserving_node_meta(mod, *flat[num_params:])
         if not isinstance(out, (tuple, list)):
             # a tensor is named as the user wrote it, not as the tracing wrapper it is now
             kind = "Tensor" if isinstance(out, torch.Tensor) else type(out).__name__

@@ -6,6 +6,13 @@ from ._alias_info import OutputAliasInfo as OutputAliasInfo
 from ._alias_info import OutputType as OutputType
 from ._alias_info import mutation_can_stay_in_graph as mutation_can_stay_in_graph
 from ._config import AOTConfig as AOTConfig
+from ._logging import LogSettings as LogSettings
+from ._logging import LogSpecError as LogSpecError
+from ._logging import artifact_enabled as artifact_enabled
+from ._logging import get_logger as get_logger
+from ._logging import log_artifact as log_artifact
+from ._logging import parse_log_spec as parse_log_spec
+from ._logging import set_logs as set_logs
 from ._protocols import RUNTIME_MUTATED_INPUT_KEY as RUNTIME_MUTATED_INPUT_KEY
 from ._protocols import CompiledGraph as CompiledGraph
 from ._protocols import Compiler as Compiler
@@ -50,6 +57,8 @@ __all__ = [
     "GraphOutputName",
     "GraphSignature",
     "InputAliasInfo",
+    "LogSettings",
+    "LogSpecError",
     "MutationType",
     "OpaqueMeta",
     "OutputAliasInfo",
@@ -58,15 +67,18 @@ __all__ = [
     "PlainTensorMeta",
     "SubclassCreationMeta",
     "SubclassOrPlainMeta",
-    "RUNTIME_MUTATED_INPUT_KEY",
     "Partitioner",
+    "RUNTIME_MUTATED_INPUT_KEY",
     "ViewAndMutationMeta",
     "functionalize_rng",
     "functionalize_rng_enabled",
+    "artifact_enabled",
+    "get_logger",
     "graph_outputs",
     "has_subclass",
     "is_boxed",
     "is_sym_node",
+    "log_artifact",
     "mark_graph_reader",
     "mark_lazy_unboxed_entry",
     "mark_stealing_entry",
@@ -74,8 +86,10 @@ __all__ = [
     "mutation_can_stay_in_graph",
     "num_unwrapped",
     "output_node",
+    "parse_log_spec",
     "reads_graph_only",
     "set_functionalize_rng",
+    "set_logs",
     "stealing_entry",
     "unboxed_entry",
 ]
