@@ -35,7 +35,7 @@ def _grad_fns(outputs: Sequence[Any]) -> list[Any]:
     roots = [o.grad_fn for o in outputs if isinstance(o, torch.Tensor) and o.grad_fn is not None]
     seen: set[Any] = set()
     order: list[Any] = []
-    stack = list(roots)
+    stack: list[Any] = list(roots)
     while stack:
         fn = stack.pop()
         if fn is None or fn in seen:

@@ -42,8 +42,8 @@ from ._backward_mutations import (
     check_backward_mutations,
     mutation_counts,
 )
-from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._node_meta import backward_node_meta
+from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
     SavedOutputRecorder,
     last_computed,

@@ -161,7 +161,7 @@ def artifact_enabled(name: str) -> bool:
     if get_logger(name).isEnabledFor(logging.INFO):
         return True
     torch_name = TORCH_ARTIFACTS.get(name)
-    return torch_name is not None and bool(log_state.is_artifact_enabled(torch_name))
+    return torch_name is not None and bool(log_state.is_artifact_enabled(torch_name))  # type: ignore[no-untyped-call]
 
 
 def log_artifact(name: str, msg: str, *args: Any) -> None:
