@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from aotkit_schemas import mark_cache_key
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -101,6 +102,11 @@ def inductor_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -
         flat_gm, out_spec = _retrace_flat(gm, fake_inputs, select_decomp_table())
         compiled = compile_fx_inner(flat_gm, fake_inputs)
     return _boxed_with_structure(compiled, out_spec)
+
+
+# Inductor compiles the graph again on an on-disk cache hit (its own FX graph cache then
+# serves it), so the key names the recipe only. See Note [Compiler cache keys].
+mark_cache_key(inductor_compiler, "aotkit.inductor")
 
 
 def _fakify(example_inputs: Sequence[Any]) -> tuple[FakeTensorMode, list[Any]]:

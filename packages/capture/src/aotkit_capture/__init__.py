@@ -12,6 +12,16 @@ from ._backward_mutations import (
 from ._backward_mutations import (
     BACKWARD_TANGENT_METADATA_MUTATION as BACKWARD_TANGENT_METADATA_MUTATION,
 )
+from ._cache import CacheConfig as CacheConfig
+from ._cache import cache_config as cache_config
+from ._cache import cache_counters as cache_counters
+from ._cache import cache_dir as cache_dir
+from ._cache import cache_enabled as cache_enabled
+from ._cache import clear_entries as clear_entries
+from ._cache import list_entries as list_entries
+from ._cache_key import Uncacheable as Uncacheable
+from ._cache_key import ambient_state_key as ambient_state_key
+from ._cache_key import program_fingerprint as program_fingerprint
 from ._compile import CompiledArtifacts as CompiledArtifacts
 from ._compile import Runner as Runner
 from ._compile import compile_flat as compile_flat
@@ -36,6 +46,16 @@ from ._trace import trace_inference as trace_inference
 from ._trace import trace_joint as trace_joint
 
 __all__ = [
+    "CacheConfig",
+    "cache_config",
+    "cache_counters",
+    "cache_dir",
+    "cache_enabled",
+    "clear_entries",
+    "list_entries",
+    "Uncacheable",
+    "ambient_state_key",
+    "program_fingerprint",
     "BACKWARD_INPUT_METADATA_MUTATION",
     "BACKWARD_TANGENT_METADATA_MUTATION",
     "AOTCompileError",

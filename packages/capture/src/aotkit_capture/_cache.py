@@ -39,6 +39,7 @@ import torch
 import torch.fx
 from aotkit_schemas import CacheFormatError, TensorSpec, dtype_from_name, dtype_name
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._lazy_graph_module import _make_graph_module
 
 from ._cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
 
@@ -186,7 +187,7 @@ def load(key: str) -> dict[str, Any] | None:
     return payload
 
 
-def _reject(path: pathlib.Path, why: str) -> None:
+def _reject(path: pathlib.Path, why: str) -> dict[str, Any] | None:
     cache_counters["reject"] += 1
     log.warning("aotkit cache: ignoring entry %s: %s; compiling again", path, why)
     return None
@@ -194,7 +195,8 @@ def _reject(path: pathlib.Path, why: str) -> None:
 
 def reject_payload(key: str, why: str) -> None:
     """Log that a checksummed payload failed a consistency check on load."""
-    _reject(entry_path(key), why)
+    cache_counters["reject"] += 1
+    log.warning("aotkit cache: ignoring entry %s: %s; compiling again", entry_path(key), why)
 
 
 # ---- graphs ---------------------------------------------------------------------------
@@ -383,4 +385,4 @@ def graph_from_json(d: Any, fake_mode: FakeTensorMode) -> torch.fx.GraphModule:
         graph.lint()
     except Exception as e:  # fx raises RuntimeError and others for malformed graphs
         raise CacheFormatError(f"cached graph does not lint: {e}") from e
-    return torch.fx.GraphModule(torch.nn.Module(), graph)
+    return _make_graph_module(torch.nn.Module(), graph)

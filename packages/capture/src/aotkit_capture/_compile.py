@@ -18,7 +18,6 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_analysis import InputLayout, collect_metadata, compute_input_layout
-from aotkit_functional import as_plain_tensor
 from aotkit_runtime import (
     AutogradPlan,
     as_list_caller,
@@ -29,10 +28,10 @@ from aotkit_runtime import (
 from aotkit_schemas import (
     RUNTIME_MUTATED_INPUT_KEY,
     AOTConfig,
+    CacheFormatError,
     OutputType,
     PartitionResult,
     ViewAndMutationMeta,
-    graph_outputs,
     reads_graph_only,
 )
 from torch._dispatch.python import enable_python_dispatcher
@@ -40,9 +39,20 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
+from ._cache import cache_counters, reject_payload
+from ._cache import load as cache_load
+from ._cache import store as cache_store
+from ._cache_entry import CacheSidecar, cache_key_or_none, entry_payload, read_entry
 from ._context import track_graph_compiling
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
+from ._plan import (
+    gradless_inputs,
+    plain_view_outputs,
+    returning_plain_tensors,
+    static_tangent_like,
+    tangent_dependencies,
+)
 from ._shape_guards import ShapeGuard
 from ._single_pass import trace_single_pass
 from ._trace import STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
@@ -66,6 +76,15 @@ class CompiledArtifacts:
     guard: ShapeGuard | None = None
     # metadata and joint came from one trace (See Note [Single-pass joint trace])
     single_pass: bool = False
+    # restored from the on-disk cache (See Note [On-disk compile cache]): no trace ran
+    from_cache: bool = False
+    # what the on-disk cache stores besides the graphs: the user inputs whose mutation
+    # made the layout use synthetic bases (None: the plain layout), the epilogue's output
+    # offsets, and the tangents whose backward raises (Note [Backward paths through stale
+    # saved values])
+    mutated_user_inputs: tuple[int, ...] | None = None
+    relative_offsets: list[int | None] | None = None
+    stale_tangents: tuple[tuple[int, str], ...] = ()
 
 
 @contextlib.contextmanager
@@ -190,12 +209,40 @@ def _relative_offsets(
 
 
 def compile_flat(
-    flat_fn: FlatFn, flat_args: Sequence[Any], cfg: AOTConfig
+    flat_fn: FlatFn,
+    flat_args: Sequence[Any],
+    cfg: AOTConfig,
+    *,
+    cache_identity: str | None = None,
+    cache_sidecar: CacheSidecar | None = None,
 ) -> tuple[Runner, CompiledArtifacts]:
     """Trace, partition and compile ``flat_fn`` for inputs shaped like ``flat_args``.
 
     Returns ``runner(flat_args) -> flat graph outputs`` (user outputs only).
+    ``cache_identity``: a fingerprint of the program ``flat_fn`` runs (``program_fingerprint``)
+    to look the compilation up in, and store it to, the on-disk cache (See Note [On-disk
+    compile cache]); None leaves the disk alone.
     """
+    key = cache_key_or_none(cache_identity, flat_args, cfg)
+    if key is not None:
+        payload = cache_load(key)
+        if payload is not None:
+            restored = _restore(key, payload, flat_args, cfg, cache_sidecar)
+            if restored is not None:
+                cache_counters["hit"] += 1
+                return restored
+    cache_counters["trace"] += 1
+    runner, artifacts = _compile_traced(flat_fn, flat_args, cfg)
+    if key is not None:
+        payload = entry_payload(artifacts, cache_sidecar)
+        if payload is not None:
+            cache_store(key, payload)
+    return runner, artifacts
+
+
+def _compile_traced(
+    flat_fn: FlatFn, flat_args: Sequence[Any], cfg: AOTConfig
+) -> tuple[Runner, CompiledArtifacts]:
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     layout = compute_input_layout(flat_args)
     with explain_tracing_errors(), _tracing_context(fake_mode, shape_env is not None):
@@ -215,7 +262,55 @@ def compile_flat(
             call, artifacts, meta, layout, fake, relative = _compile_two_pass(
                 flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args
             )
+    artifacts.relative_offsets = relative
     return _finish(call, artifacts, meta, layout, cfg, fake, flat_args, shape_env, relative)
+
+
+def _restore(
+    key: str,
+    payload: dict[str, Any],
+    flat_args: Sequence[Any],
+    cfg: AOTConfig,
+    sidecar: CacheSidecar | None,
+) -> tuple[Runner, CompiledArtifacts] | None:
+    """The compiled entry for a cached payload, or None (logged) when it does not check
+    out. See Note [On-disk compile cache]."""
+    fake_mode = detect_fake_mode(list(flat_args)) or FakeTensorMode()
+    try:
+        entry = read_entry(payload, fake_mode)
+        users = entry.mutated_user_inputs
+        layout = (
+            compute_input_layout(flat_args)
+            if users is None
+            else compute_input_layout(flat_args, frozenset(users).__contains__)
+        )
+        if repr(layout.key) != entry.layout_key:
+            raise CacheFormatError("the input layout differs from the cached one")
+        meta = entry.meta
+        if sidecar is not None:
+            sidecar.load_json(payload.get("sidecar"))
+        artifacts = CompiledArtifacts(
+            meta=meta, layout=layout, single_pass=entry.single_pass, from_cache=True,
+            mutated_user_inputs=users, relative_offsets=entry.relative,
+            stale_tangents=entry.stale_tangents,
+        )
+        graph = entry.partition.fw_module if entry.partition else entry.inference
+        assert graph is not None
+        fake = [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
+        if len(fake) != layout.num_compiled_inputs:
+            raise CacheFormatError("the cached graph takes another number of inputs")
+        if entry.partition is not None:
+            artifacts.partition = entry.partition
+            artifacts.fw_module = entry.partition.fw_module
+            artifacts.bw_module = entry.partition.bw_module
+            call = _training_call(entry.partition, fake, meta, cfg, entry.stale_tangents)
+        else:
+            artifacts.inference_module = entry.inference
+            call = _inference_call(graph, fake, meta, cfg)
+    except Exception as e:  # any failure to rebuild means: compile again
+        reject_payload(key, f"{type(e).__name__}: {e}")
+        return None
+    return _finish(call, artifacts, meta, layout, cfg, fake, flat_args, None, entry.relative)
 
 
 def _compile_two_pass(
@@ -250,14 +345,16 @@ def _compile_two_pass(
         return ci is not None and first_meta.input_info[ci].mutates_data
 
     with_bases = compute_input_layout(flat_args, mutated)
+    mutated_users: tuple[int, ...] | None = None
     if with_bases.key != layout.key:
         layout = with_bases
+        mutated_users = tuple(i for i in range(len(flat_args)) if mutated(i))
         meta, fake, traced_fn, fw_outs = _metadata(
             flat_fn, flat_args, layout, cfg, fake_mode, shape_env
         )
     if meta.is_train and not _output_needs_grad(meta):
         meta = _as_inference(meta, cfg.keep_inference_input_mutations)
-    artifacts = CompiledArtifacts(meta=meta, layout=layout)
+    artifacts = CompiledArtifacts(meta=meta, layout=layout, mutated_user_inputs=mutated_users)
     relative = _relative_offsets(meta, fake, fw_outs)
     if meta.is_train:
         call = _compile_training(traced_fn, fake, meta, cfg, artifacts)
@@ -365,8 +462,16 @@ def _compile_inference(
     with _lazy_modules(reads_graph_only(compiler)):
         gm = trace_inference(traced_fn, fake, meta, cfg.decompositions)
     artifacts.inference_module = gm
+    return _inference_call(gm, fake, meta, cfg)
+
+
+def _inference_call(
+    gm: torch.fx.GraphModule, fake: Sequence[Any], meta: ViewAndMutationMeta, cfg: AOTConfig
+) -> Callable[[list[Any]], Sequence[Any]]:
+    """Compile the inference graph ``gm`` and wrap it for the epilogue."""
+    compiler = cfg.inference_compiler or cfg.fw_compiler
     with track_graph_compiling(cfg, "inference"):
-        raw = compiler(gm, fake)
+        raw = compiler(gm, list(fake))
     compiled = as_list_caller(raw)
     if compiled is raw:
         # A boxed graph may clear the list it gets (Note [Boxed calling convention]); the
@@ -379,9 +484,9 @@ def _compile_inference(
 
         compiled = call_with_copy
     grad_free = not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake)
-    plain_views = _plain_view_outputs(gm, meta)
+    plain_views = plain_view_outputs(gm, meta)
     if plain_views:
-        compiled = _returning_plain_tensors(compiled, plain_views)
+        compiled = returning_plain_tensors(compiled, plain_views)
 
     if grad_free:
         return compiled
@@ -391,88 +496,6 @@ def _compile_inference(
             return compiled(args)
 
     return run_no_grad
-
-
-def _plain_view_outputs(gm: torch.fx.GraphModule, meta: ViewAndMutationMeta) -> tuple[int, ...]:
-    """Forward-return positions of non_alias outputs that ``gm`` computes as a view of an
-    intermediate no other forward return views. See Note [unsafe_view_alias outputs] in
-    aotkit_runtime. (Non-alias views of a shared intermediate, ``y[0], y[1]`` without
-    grad, stay views of it, as in eager.)"""
-    n_mut = meta.num_mutated_inp_runtime_indices
-    values = graph_outputs(gm)[: meta.num_forward_returns]
-    regenerated = {n_mut + j for j, o in enumerate(meta.output_info) if o.is_regenerated_alias}
-    roots = [
-        _view_root(v) if isinstance(v, torch.fx.Node) and i not in regenerated else None
-        for i, v in enumerate(values)
-    ]
-    positions = []
-    for j, info in enumerate(meta.output_info):
-        i = n_mut + j
-        node = values[i] if i < len(values) else None
-        if info.output_type is not OutputType.non_alias or not isinstance(node, torch.fx.Node):
-            continue
-        root = roots[i]
-        if (
-            _is_view_node(node)
-            and root is not None
-            and root.op != "placeholder"
-            and roots.count(root) == 1
-        ):
-            positions.append(i)
-    return tuple(positions)
-
-
-def _view_root(node: torch.fx.Node) -> torch.fx.Node:
-    while _is_view_node(node) and isinstance(node.args[0], torch.fx.Node):
-        node = node.args[0]
-    return node
-
-
-def _is_view_node(node: torch.fx.Node) -> bool:
-    return (
-        node.op == "call_function"
-        and isinstance(node.target, torch._ops.OpOverload)
-        and node.target.is_view
-    )
-
-
-def _returning_plain_tensors(
-    compiled: Callable[[list[Any]], Sequence[Any]], positions: tuple[int, ...]
-) -> Callable[[list[Any]], Sequence[Any]]:
-    """Return the outputs at ``positions`` as plain tensors when they are views (of graph
-    intermediates), as eager does. See Note [unsafe_view_alias outputs] in aotkit_runtime."""
-
-    def run(args: list[Any]) -> Sequence[Any]:
-        outs = list(compiled(args))
-        for i in positions:
-            o = outs[i]
-            if isinstance(o, torch.Tensor) and o._is_view():
-                outs[i] = as_plain_tensor(o)
-        return outs
-
-    return run
-
-
-def _tangent_dependencies(
-    bw_module: torch.fx.GraphModule, n_saved: int, n_tangents: int
-) -> tuple[frozenset[int], ...] | None:
-    """For every backward output, the tangents it is computed from (None when the
-    backward's placeholders do not follow the calling convention).
-
-    See Note [Gradients through unused outputs] in aotkit_runtime.
-    """
-    placeholders = [n for n in bw_module.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != n_saved + n_tangents:
-        return None
-    deps: dict[torch.fx.Node, frozenset[int]] = {
-        n: frozenset({k}) for k, n in enumerate(placeholders[n_saved:])
-    }
-    for node in bw_module.graph.nodes:
-        if node not in deps:
-            deps[node] = frozenset().union(*(deps[a] for a in node.all_input_nodes))
-    return tuple(
-        deps[o] if isinstance(o, torch.fx.Node) else frozenset() for o in graph_outputs(bw_module)
-    )
 
 
 def _lazy_modules(lazy: bool) -> contextlib.AbstractContextManager[None]:
@@ -504,8 +527,21 @@ def _compile_training(
         fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
+    artifacts.stale_tangents = tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items()))
+    return _training_call(partition, fake, meta, cfg, artifacts.stale_tangents)
+
+
+def _training_call(
+    partition: PartitionResult,
+    fake: Sequence[Any],
+    meta: ViewAndMutationMeta,
+    cfg: AOTConfig,
+    stale_tangents: tuple[tuple[int, str], ...],
+) -> Callable[[list[Any]], Sequence[Any]]:
+    """Compile the forward now and the backward at its first call; the autograd.Function."""
+    fw_module, bw_module = partition.fw_module, partition.bw_module
     with track_graph_compiling(cfg, "forward"):
-        compiled_fw = cfg.fw_compiler(fw_module, fake)
+        compiled_fw = cfg.fw_compiler(fw_module, list(fake))
     with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
         bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode(fake) or FakeTensorMode()
@@ -522,14 +558,14 @@ def _compile_training(
         meta=meta,
         num_saved_tensors=partition.num_saved_tensors,
         num_saved_symints=partition.num_saved_symints,
-        tangent_deps=_tangent_dependencies(
+        tangent_deps=tangent_dependencies(
             bw_module, partition.num_saved_symints + partition.num_saved_tensors,
             len(meta.tangent_indices),
         ),
-        plain_view_outputs=_plain_view_outputs(fw_module, meta),
-        stale_tangents=tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items())),
-        static_tangent_like=_static_tangent_like(meta),
-        gradless_inputs=_gradless_inputs(bw_module, fake, meta),
+        plain_view_outputs=plain_view_outputs(fw_module, meta),
+        stale_tangents=stale_tangents,
+        static_tangent_like=static_tangent_like(meta),
+        gradless_inputs=gradless_inputs(bw_module, fake, meta),
     )
     run = make_autograd_function(compiled_fw, compile_backward, plan)
     return run
@@ -553,46 +589,6 @@ def _native_functionalization(meta: ViewAndMutationMeta, cfg: AOTConfig, layout:
         and meta.num_intermediate_bases == 0
         and all(o.output_type is OutputType.non_alias for o in meta.output_info)
     )
-
-
-def _gradless_inputs(
-    bw_module: torch.fx.GraphModule, fake: Sequence[Any], meta: ViewAndMutationMeta
-) -> tuple[int, ...]:
-    """Inputs that require grad but for which the backward graph returns None.
-
-    See Note [Inputs the backward never reaches] in aotkit_runtime. When every input that
-    requires grad is such an input, the ones not returned as (views of) themselves stay
-    attached: the node must keep an input that requires grad for its outputs to.
-    """
-    grads = graph_outputs(bw_module)
-    if len(grads) != len(fake):
-        return ()
-    needs = [i for i, a in enumerate(fake) if isinstance(a, torch.Tensor) and a.requires_grad]
-    gradless = [i for i in needs if grads[i] is None]
-    if len(gradless) < len(needs):
-        return tuple(gradless)
-    returned = {
-        o.base_idx
-        for o in meta.output_info
-        if o.output_type in (OutputType.is_input, OutputType.alias_of_input)
-    }
-    detached = tuple(i for i in gradless if i in returned)
-    return detached if len(detached) < len(needs) else ()
-
-
-def _static_tangent_like(
-    meta: ViewAndMutationMeta,
-) -> tuple[tuple[torch.Size, torch.dtype, torch.device] | None, ...] | None:
-    """(shape, dtype, device) of every tangent, or None when a shape is symbolic."""
-    result: list[tuple[torch.Size, torch.dtype, torch.device] | None] = []
-    for t in meta.traced_tangents:
-        if not isinstance(t, torch.Tensor):
-            result.append(None)
-            continue
-        if not all(type(d) is int for d in t.shape):
-            return None
-        result.append((torch.Size(t.shape), t.dtype, t.device))
-    return tuple(result)
 
 
 def _mark_runtime_mutated_primals(joint: torch.fx.GraphModule, meta: ViewAndMutationMeta) -> None:

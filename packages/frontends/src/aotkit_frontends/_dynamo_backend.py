@@ -30,12 +30,13 @@ import torch._dynamo
 import torch.fx
 from aotkit_backends import inductor_compiler, nop
 from aotkit_partitioners import default_partition
+from aotkit_schemas import mark_cache_key
 from torch._decomp import get_decompositions
 from torch._dynamo.backends.registry import register_backend
 from torch._dynamo.utils import counters, defake, flatten_graph_inputs
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ._simplified import aot_module_simplified
+from ._simplified import aot_module_simplified, disk_cache_default
 
 _min_cut: Callable[..., Any]
 try:
@@ -59,11 +60,13 @@ class AotAutograd:
     first compilation (Inductor's table is expensive to import).
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, disk_cache: bool = False, **kwargs: Any) -> None:
         if "fw_compiler" not in kwargs or kwargs["fw_compiler"] is None:
             raise TypeError("aot_autograd: fw_compiler is required")
         self.__name__ = "compiler_fn"
         self.kwargs = kwargs
+        # the on-disk cache's default for this backend (See Note [On-disk compile cache])
+        self.disk_cache = disk_cache
 
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
@@ -86,7 +89,8 @@ class AotAutograd:
         self.kwargs["inference_compiler"] = self.kwargs.get("inference_compiler") or fw_compiler
         counters["aot_autograd"]["total"] += 1
         try:
-            forward = aot_module_simplified(gm, example_inputs, **self.kwargs)
+            with disk_cache_default(self.disk_cache):
+                forward = aot_module_simplified(gm, example_inputs, **self.kwargs)
         except Exception:
             counters["aot_autograd"]["not_ok"] += 1
             raise
@@ -226,10 +230,16 @@ def _inductor_keeping_layouts(
         return inductor_compiler(gm, example_inputs)
 
 
+mark_cache_key(_inductor_keeping_layouts, "aotkit.inductor.keeping_layouts")
+
+
 def _make_backends() -> dict[str, AotAutograd]:
     return {
-        "aotkit_eager": aot_autograd(fw_compiler=nop, bw_compiler=nop, partition_fn=default_partition),
-        "aotkit_inductor": aot_autograd(
+        "aotkit_eager": AotAutograd(
+            fw_compiler=nop, bw_compiler=nop, partition_fn=default_partition, disk_cache=True
+        ),
+        "aotkit_inductor": AotAutograd(
+            disk_cache=True,
             fw_compiler=_inductor_keeping_layouts,
             bw_compiler=_inductor_keeping_layouts,
             partition_fn=_min_cut,

@@ -18,21 +18,23 @@ reads the parameters and buffers once instead of on every call.
 
 from __future__ import annotations
 
-from collections.abc import Callable, KeysView, Sequence
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator, KeysView, Sequence
 from typing import Any, cast
 
 import torch
 import torch._functorch.config as functorch_config
 import torch.fx
 import torch.nn as nn
-from aotkit_capture import compile_flat
+from aotkit_capture import cache_enabled, compile_flat
 from aotkit_partitioners import default_partition
 from torch._dynamo.utils import GmWrapper
 from torch._guards import Source, TracingContext
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils import stateless
 
-from ._aot_function import _resolve_partitioner, make_config
+from ._aot_function import _resolve_partitioner, fingerprint_or_none, make_config
 from ._outputs import OutputLayout
 from ._runtime_asserts import (
     Check,
@@ -113,6 +115,23 @@ def _checked(runner: Callable[[list[Any]], Any], checks: list[Check]) -> Callabl
     return checked_runner
 
 
+_DISK_CACHE_DEFAULT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "aotkit_disk_cache_default", default=False
+)
+
+
+@contextlib.contextmanager
+def disk_cache_default(enabled: bool) -> Iterator[None]:
+    """Whether aot_module_simplified uses the on-disk cache when neither AOTKIT_CACHE nor
+    ``cache_config.enabled`` decides: on for the aotkit torch.compile backends, off for
+    direct calls. See Note [On-disk compile cache]."""
+    token = _DISK_CACHE_DEFAULT.set(enabled)
+    try:
+        yield
+    finally:
+        _DISK_CACHE_DEFAULT.reset(token)
+
+
 def aot_module_simplified(
     mod: nn.Module,
     args: Sequence[Any],
@@ -184,7 +203,12 @@ def aot_module_simplified(
         return outputs.record(out)
 
     debug_assert = functorch_config.debug_assert
-    runner, artifacts = compile_flat(functional_call, full_args, cfg)
+    identity = None
+    if cache_enabled(default=_DISK_CACHE_DEFAULT.get()):
+        identity = fingerprint_or_none(mod)
+    runner, artifacts = compile_flat(
+        functional_call, full_args, cfg, cache_identity=identity, cache_sidecar=outputs
+    )
     # See Note [Runtime checks of aot_module_simplified]
     register_duplicate_guards(artifacts.layout, sources)
     checks = [duplicate_input_check(artifacts.layout, cfg)]

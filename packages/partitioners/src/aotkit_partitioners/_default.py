@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import is_sym_node
+from aotkit_schemas import is_sym_node, mark_cache_key
 
 from ._extract import build_modules
 from ._joint import JointInfo, analyze_joint, forward_available, is_primal, sorted_nodes
@@ -146,3 +146,7 @@ def default_partition(
         bw_allowed=bw_allowed,
         static_lifetime_input_indices=static_lifetime_input_indices,
     )
+
+
+# See Note [Compiler cache keys] in aotkit_schemas
+mark_cache_key(default_partition, "aotkit.default_partition")
