@@ -43,9 +43,10 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from ._context import track_graph_compiling
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
+from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
 from ._shape_guards import ShapeGuard
 from ._single_pass import trace_single_pass
-from ._trace import STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
+from ._trace import NATIVE_FALLBACK_KEY, STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
 
 Runner = Callable[[list[Any]], Sequence[Any]]
 
@@ -66,6 +67,31 @@ class CompiledArtifacts:
     guard: ShapeGuard | None = None
     # metadata and joint came from one trace (See Note [Single-pass joint trace])
     single_pass: bool = False
+    # See Note [Why a graph took the path it took]: why the single pass was not used
+    # (None when it was), whether the joint was traced with the C++ Functionalize key,
+    # and why not
+    single_pass_skipped: str | None = None
+    native_functionalization: bool = False
+    native_skipped: str | None = None
+
+    @property
+    def path(self) -> str:
+        """``single pass``, ``native``, ``python`` or ``inference``: how the graphs were
+        traced. See Note [Why a graph took the path it took]."""
+        if not self.meta.is_train:
+            return "inference"
+        if self.single_pass:
+            return "single pass"
+        return "native" if self.native_functionalization else "python"
+
+    @property
+    def path_reason(self) -> str | None:
+        """Why the faster paths were not taken (None on the single pass)."""
+        if self.single_pass or not self.meta.is_train:
+            return self.single_pass_skipped if not self.meta.is_train else None
+        if self.native_functionalization:
+            return f"not single pass: {self.single_pass_skipped}"
+        return f"not single pass: {self.single_pass_skipped}; not native: {self.native_skipped}"
 
 
 @contextlib.contextmanager
@@ -200,21 +226,28 @@ def compile_flat(
     layout = compute_input_layout(flat_args)
     with explain_tracing_errors(), _tracing_context(fake_mode, shape_env is not None):
         fake_args: list[Any] | None = None
-        single = None
-        if _single_pass_applies(flat_args, layout, cfg, shape_env):
+        single: Any = None
+        # See Note [Why a graph took the path it took]
+        skipped = single_pass_blocker(flat_args, layout, cfg, shape_env)
+        if skipped is None:
             fake_args = _fakify(flat_args, layout, cfg, fake_mode, shape_env)
             single = _try_single_pass(flat_fn, fake_args, layout, cfg)
+            if isinstance(single, str):
+                skipped, single = single, None
         if single is not None and fake_args is not None:
             # See Note [Single-pass joint trace]
             meta, traced_fn, fw_outs, traced = single
             fake = fake_args
-            artifacts = CompiledArtifacts(meta=meta, layout=layout, single_pass=True)
+            artifacts = CompiledArtifacts(
+                meta=meta, layout=layout, single_pass=True, native_functionalization=True
+            )
             relative = _relative_offsets(meta, fake, fw_outs)
             call = _compile_training(traced_fn, fake, meta, cfg, artifacts, traced=traced)
         else:
             call, artifacts, meta, layout, fake, relative = _compile_two_pass(
-                flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args
+                flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args, skipped
             )
+    notify_compiled(artifacts)
     return _finish(call, artifacts, meta, layout, cfg, fake, flat_args, shape_env, relative)
 
 
@@ -226,6 +259,7 @@ def _compile_two_pass(
     fake_mode: FakeTensorMode,
     shape_env: Any,
     fake_args: list[Any] | None = None,
+    single_pass_skipped: str | None = None,
 ) -> tuple[
     Callable[[list[Any]], Sequence[Any]],
     CompiledArtifacts,
@@ -257,7 +291,7 @@ def _compile_two_pass(
         )
     if meta.is_train and not _output_needs_grad(meta):
         meta = _as_inference(meta, cfg.keep_inference_input_mutations)
-    artifacts = CompiledArtifacts(meta=meta, layout=layout)
+    artifacts = CompiledArtifacts(meta=meta, layout=layout, single_pass_skipped=single_pass_skipped)
     relative = _relative_offsets(meta, fake, fw_outs)
     if meta.is_train:
         call = _compile_training(traced_fn, fake, meta, cfg, artifacts)
@@ -266,49 +300,19 @@ def _compile_two_pass(
     return call, artifacts, meta, layout, fake, relative
 
 
-def _single_pass_applies(
-    flat_args: Sequence[Any], layout: InputLayout, cfg: AOTConfig, shape_env: Any
-) -> bool:
-    """Whether to try Note [Single-pass joint trace]: training calls (grad mode on, an
-    input requiring grad) with static shapes and no duplicated inputs or inputs sharing
-    memory, outside export."""
-    return not (
-        shape_env is not None
-        or cfg.is_export
-        or cfg.keep_inference_input_mutations  # Note [Input mutations kept in the training graph]
-        or not layout.is_trivial
-        or not torch.is_grad_enabled()
-        or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args)
-        # inputs that share memory need the two-pass flow's synthetic bases as soon as one
-        # of them is mutated, which only the metadata pass can tell
-        or _inputs_share_storage(flat_args)
-    )
-
-
-def _inputs_share_storage(flat_args: Sequence[Any]) -> bool:
-    storages: set[int] = set()
-    for a in flat_args:
-        if isinstance(a, torch.Tensor) and not (a.is_sparse or a.is_mkldnn):
-            s = a.untyped_storage()._cdata
-            if s in storages:
-                return True
-            storages.add(s)
-    return False
-
-
 def _try_single_pass(
     flat_fn: FlatFn, fake_args: list[Any], layout: InputLayout, cfg: AOTConfig
-) -> tuple[ViewAndMutationMeta, FlatFn, list[Any], tuple[torch.fx.GraphModule, list[Any]]] | None:
+) -> tuple[ViewAndMutationMeta, FlatFn, list[Any], tuple[torch.fx.GraphModule, list[Any]]] | str:
     """(metadata, traced function, forward outputs, (joint, joint inputs)) from one
-    trace, or None for the two-pass flow. See Note [Single-pass joint trace]."""
+    trace, or, for the two-pass flow, why not. See Note [Single-pass joint trace]."""
     traced_fn = layout.wrap_for_tracing(flat_fn)
     try:
         joint, joint_inputs, meta, fw_outs = trace_single_pass(
             traced_fn, fake_args, cfg.decompositions,
             static_input_indices=cfg.static_input_indices or (),
         )
-    except Exception:  # NotSinglePass, or an error the two-pass flow reports in its own way
-        return None
+    except Exception as e:  # NotSinglePass, or an error the two-pass flow reports its way
+        return describe_failure(e)
     return meta, traced_fn, fw_outs, (joint, joint_inputs)
 
 
@@ -494,8 +498,13 @@ def _compile_training(
     if traced is not None:
         joint, joint_inputs = traced
     else:
-        native = _native_functionalization(meta, cfg, artifacts.layout)
-        joint, joint_inputs = trace_joint(traced_fn, fake, meta, cfg.decompositions, native=native)
+        # See Note [Why a graph took the path it took]
+        blocker = native_blocker(meta, cfg, artifacts.layout)
+        joint, joint_inputs = trace_joint(
+            traced_fn, fake, meta, cfg.decompositions, native=blocker is None
+        )
+        artifacts.native_skipped = joint.meta.get(NATIVE_FALLBACK_KEY, blocker)
+        artifacts.native_functionalization = artifacts.native_skipped is None
     _mark_runtime_mutated_primals(joint, meta)
     artifacts.joint_module = joint
     n_fwd = meta.num_forward_returns
@@ -533,26 +542,6 @@ def _compile_training(
     )
     run = make_autograd_function(compiled_fw, compile_backward, plan)
     return run
-
-
-def _native_functionalization(meta: ViewAndMutationMeta, cfg: AOTConfig, layout: InputLayout) -> bool:
-    """Whether the joint is traced with the C++ Functionalize key (See Note [Native
-    functionalization] in aotkit_functional).
-
-    Only for programs without input mutations, aliased outputs or aliased inputs: there
-    the joint is op for op the one torch's Python mode traces (minus no-op detach nodes).
-    Mutation and aliasing programs, and exports, keep torch's exact graph text (view
-    replay numbers its nodes differently on the native path).
-    """
-    return (
-        meta.native_functionalization_ok
-        and not cfg.is_export
-        and layout.is_trivial
-        and not meta.mutated_inp_runtime_indices
-        and not meta.mutated_inp_in_graph_indices
-        and meta.num_intermediate_bases == 0
-        and all(o.output_type is OutputType.non_alias for o in meta.output_info)
-    )
 
 
 def _gradless_inputs(

@@ -62,6 +62,9 @@ class ViewAndMutationMeta:
     # True when every op of the metadata pass can be functionalized by the C++ key alone
     # (See Note [Native functionalization] in aotkit_functional)
     native_functionalization_ok: bool = False
+    # when not native_functionalization_ok: the first op or input that needs the Python
+    # mode (See Note [Why a graph took the path it took] in aotkit_capture)
+    native_functionalization_blocker: str | None = None
 
     # ---- derived, filled in __post_init__ ----
     # indices of inputs whose mutation is applied by the runtime epilogue
