@@ -21,16 +21,21 @@ HEAVY = [
 ]
 
 
+def _last_line(code: str) -> str:
+    """The last line a fresh interpreter running ``code`` prints."""
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
 def _loaded_after(statement: str) -> list[str]:
     code = (
         "import sys, json\n"
         f"{statement}\n"
         f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
-    )
-    loaded: list[str] = json.loads(out.stdout.strip().splitlines()[-1])
+    loaded: list[str] = json.loads(_last_line(code))
     return loaded
 
 
@@ -56,10 +61,7 @@ def test_backends_are_found_without_importing_aotkit() -> None:
         "assert torch.equal(f(x), x.sin() * 2)\n"
         "import sys; print('aotkit_frontends' in sys.modules)\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
-    )
-    assert out.stdout.strip().splitlines()[-1] == "True"
+    assert _last_line(code) == "True"
 
 
 def test_aotkit_registers_backends_when_dynamo_is_loaded() -> None:
@@ -69,7 +71,4 @@ def test_aotkit_registers_backends_when_dynamo_is_loaded() -> None:
         "import aotkit\n"
         "print(sorted(n for n in _COMPILER_FNS if n.startswith('aotkit_')))\n"
     )
-    out = subprocess.run(
-        [sys.executable, "-c", code], check=True, capture_output=True, text=True, timeout=300
-    )
-    assert out.stdout.strip().splitlines()[-1] == "['aotkit_eager', 'aotkit_inductor']"
+    assert _last_line(code) == "['aotkit_eager', 'aotkit_inductor']"
