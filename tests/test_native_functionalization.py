@@ -33,12 +33,12 @@ TRAINING_CASES = [
 @contextlib.contextmanager
 def _two_pass_only() -> Iterator[None]:
     """The two-pass flow, with native functionalization where it applies."""
-    original_single = compile_module._single_pass_applies
-    compile_module._single_pass_applies = lambda *args: False  # type: ignore[assignment]
+    original_single = compile_module.single_pass_blocker
+    compile_module.single_pass_blocker = lambda *args: "two passes forced"  # type: ignore[assignment]
     try:
         yield
     finally:
-        compile_module._single_pass_applies = original_single  # type: ignore[assignment]
+        compile_module.single_pass_blocker = original_single  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
@@ -266,7 +266,7 @@ def test_native_trace_that_keeps_a_rewritten_op_is_redone_in_the_python_mode(
     # Force the native path past the metadata gate: the traced joint still holds
     # native_batch_norm (a hidden mutation of the running stats), so trace_joint must
     # throw it away and trace with the Python mode.
-    monkeypatch.setattr(compile_module, "_native_functionalization", lambda *a: True)
+    monkeypatch.setattr(compile_module, "native_blocker", lambda *a: None)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()
     reference = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU()).train()

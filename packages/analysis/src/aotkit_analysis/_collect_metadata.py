@@ -235,6 +235,7 @@ def collect_metadata(
         grad_enabled_mutation = grad_after
         torch.set_grad_enabled(prior_grad)
     traced_tangents = [_tangent_like(t) for t in plain_tangent_sources]
+    blocker = _native_blocker(checks, flat_args)
     meta = ViewAndMutationMeta(
         input_info=input_info,
         output_info=output_info,
@@ -244,10 +245,20 @@ def collect_metadata(
         is_train=is_train,
         grad_enabled_mutation=grad_enabled_mutation,
         static_input_indices=tuple(static_input_indices),
-        native_functionalization_ok=checks.native_functionalization_ok
-        and all(type(a) in _NATIVE_INPUT_TYPES for a in flat_args if isinstance(a, torch.Tensor)),
+        native_functionalization_ok=blocker is None,
+        native_functionalization_blocker=blocker,
     )
     return meta, fw_outs
+
+
+def _native_blocker(checks: EagerInplaceChecks, flat_args: Sequence[Any]) -> str | None:
+    """Why the C++ Functionalize key cannot trace this program (None: it can)."""
+    if not checks.native_functionalization_ok:
+        return f"{checks.python_mode_op} needs the Python functionalization mode"
+    for a in flat_args:
+        if isinstance(a, torch.Tensor) and type(a) not in _NATIVE_INPUT_TYPES:
+            return f"an input is a {type(a).__name__}"
+    return None
 
 
 # plain (fake) tensors; subclasses go through the Python mode (Note [Native

@@ -29,6 +29,7 @@ from ._export_trace import trace_for_export as trace_for_export
 from ._fakify import construct_fake_mode as construct_fake_mode
 from ._fakify import fakify_inputs as fakify_inputs
 from ._node_meta import call_preserving_node_meta as call_preserving_node_meta
+from ._paths import record_compilations as record_compilations
 from ._shape_guards import ShapeGuard as ShapeGuard
 from ._single_pass import NotSinglePass as NotSinglePass
 from ._single_pass import trace_single_pass as trace_single_pass
@@ -55,6 +56,7 @@ __all__ = [
     "get_aot_compilation_context",
     "get_aot_graph_name",
     "get_graph_being_compiled",
+    "record_compilations",
     "retrace_flat",
     "set_model_name",
     "trace_for_export",

@@ -22,7 +22,6 @@ from aotkit_functional import as_plain_tensor
 from aotkit_runtime import (
     AutogradPlan,
     as_list_caller,
-    is_subclass,
     make_autograd_function,
     make_epilogue,
     needs_epilogue,
@@ -50,10 +49,11 @@ from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
+from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
 from ._shape_guards import ShapeGuard
 from ._single_pass import trace_single_pass
 from ._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
-from ._trace import STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
+from ._trace import NATIVE_FALLBACK_KEY, STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
 
 Runner = Callable[[list[Any]], Sequence[Any]]
 
@@ -74,13 +74,38 @@ class CompiledArtifacts:
     guard: ShapeGuard | None = None
     # metadata and joint came from one trace (See Note [Single-pass joint trace])
     single_pass: bool = False
+    # See Note [Why a graph took the path it took]: why the single pass was not used
+    # (None when it was), whether the joint was traced with the C++ Functionalize key,
+    # and why not
+    single_pass_skipped: str | None = None
+    native_functionalization: bool = False
+    native_skipped: str | None = None
+
+    @property
+    def path(self) -> str:
+        """``single pass``, ``native``, ``python`` or ``inference``: how the graphs were
+        traced. See Note [Why a graph took the path it took]."""
+        if not self.meta.is_train:
+            return "inference"
+        if self.single_pass:
+            return "single pass"
+        return "native" if self.native_functionalization else "python"
+
+    @property
+    def path_reason(self) -> str | None:
+        """Why the faster paths were not taken (None on the single pass)."""
+        if self.single_pass or not self.meta.is_train:
+            return self.single_pass_skipped if not self.meta.is_train else None
+        if self.native_functionalization:
+            return f"not single pass: {self.single_pass_skipped}"
+        return f"not single pass: {self.single_pass_skipped}; not native: {self.native_skipped}"
 
 
 @contextlib.contextmanager
 def _tracing_context(fake_mode: FakeTensorMode, symbolic: bool) -> Any:
     rng = torch.get_rng_state()
     try:
-        with fake_mode, (enable_python_dispatcher() if symbolic else contextlib.nullcontext()):
+        with fake_mode, enable_python_dispatcher() if symbolic else contextlib.nullcontext():
             yield
     finally:
         torch.set_rng_state(rng)
@@ -116,7 +141,11 @@ def _metadata(
 ) -> tuple[ViewAndMutationMeta, list[Any], FlatFn, list[Any]]:
     """The metadata pass; ``fake_args``: the compiled inputs, already fakified."""
     traced_fn = layout.wrap_for_tracing(flat_fn)
-    fake = fake_args if fake_args is not None else _fakify(flat_args, layout, cfg, fake_mode, shape_env)
+    fake = (
+        fake_args
+        if fake_args is not None
+        else _fakify(flat_args, layout, cfg, fake_mode, shape_env)
+    )
     # Not gated on grad mode: a function called under no_grad may enable grad itself.
     # Whether a backward is needed is decided from the outputs (``_output_needs_grad``),
     # which the metadata pass computes under the caller's grad mode.
@@ -160,7 +189,9 @@ def _static_positions(layout: InputLayout, num_params_buffers: int) -> frozenset
 
 
 def _as_inference(meta: ViewAndMutationMeta, keep_input_mutations: bool) -> ViewAndMutationMeta:
-    infos = [dataclasses.replace(i, keep_input_mutations=keep_input_mutations) for i in meta.input_info]
+    infos = [
+        dataclasses.replace(i, keep_input_mutations=keep_input_mutations) for i in meta.input_info
+    ]
     return dataclasses.replace(
         meta,
         input_info=infos,
@@ -208,21 +239,28 @@ def compile_flat(
     layout = compute_input_layout(flat_args)
     with explain_tracing_errors(), _tracing_context(fake_mode, shape_env is not None):
         fake_args: list[Any] | None = None
-        single = None
-        if _single_pass_applies(flat_args, layout, cfg, shape_env):
+        single: Any = None
+        # See Note [Why a graph took the path it took]
+        skipped = single_pass_blocker(flat_args, layout, cfg, shape_env)
+        if skipped is None:
             fake_args = _fakify(flat_args, layout, cfg, fake_mode, shape_env)
             single = _try_single_pass(flat_fn, fake_args, layout, cfg)
+            if isinstance(single, str):
+                skipped, single = single, None
         if single is not None and fake_args is not None:
             # See Note [Single-pass joint trace]
             meta, traced_fn, fw_outs, traced = single
             fake = fake_args
-            artifacts = CompiledArtifacts(meta=meta, layout=layout, single_pass=True)
+            artifacts = CompiledArtifacts(
+                meta=meta, layout=layout, single_pass=True, native_functionalization=True
+            )
             relative = _relative_offsets(meta, fake, fw_outs)
             call = _compile_training(traced_fn, fake, meta, cfg, artifacts, traced=traced)
         else:
             call, artifacts, meta, layout, fake, relative = _compile_two_pass(
-                flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args
+                flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args, skipped
             )
+    notify_compiled(artifacts)
     return _finish(call, artifacts, meta, layout, cfg, fake, flat_args, shape_env, relative)
 
 
@@ -234,6 +272,7 @@ def _compile_two_pass(
     fake_mode: FakeTensorMode,
     shape_env: Any,
     fake_args: list[Any] | None = None,
+    single_pass_skipped: str | None = None,
 ) -> tuple[
     Callable[[list[Any]], Sequence[Any]],
     CompiledArtifacts,
@@ -265,7 +304,7 @@ def _compile_two_pass(
         )
     if meta.is_train and not _output_needs_grad(meta):
         meta = _as_inference(meta, cfg.keep_inference_input_mutations)
-    artifacts = CompiledArtifacts(meta=meta, layout=layout)
+    artifacts = CompiledArtifacts(meta=meta, layout=layout, single_pass_skipped=single_pass_skipped)
     relative = _relative_offsets(meta, fake, fw_outs)
     # See Note [Tensor subclasses are desugared] in aotkit_schemas
     layer = SubclassLayer.build(fake, meta) if needs_subclass_layer(fake, fw_outs) else None
@@ -280,51 +319,21 @@ def _compile_two_pass(
     return call, artifacts, meta, layout, fake, relative
 
 
-def _single_pass_applies(
-    flat_args: Sequence[Any], layout: InputLayout, cfg: AOTConfig, shape_env: Any
-) -> bool:
-    """Whether to try Note [Single-pass joint trace]: training calls (grad mode on, an
-    input requiring grad) with static shapes and no duplicated inputs or inputs sharing
-    memory, outside export."""
-    return not (
-        shape_env is not None
-        or cfg.is_export
-        or cfg.keep_inference_input_mutations  # Note [Input mutations kept in the training graph]
-        or not layout.is_trivial
-        or not torch.is_grad_enabled()
-        or not any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat_args)
-        # inputs that share memory need the two-pass flow's synthetic bases as soon as one
-        # of them is mutated, which only the metadata pass can tell
-        or _inputs_share_storage(flat_args)
-        # See Note [Tensor subclasses are desugared] in aotkit_schemas
-        or any(is_subclass(a) for a in flat_args)
-    )
-
-
-def _inputs_share_storage(flat_args: Sequence[Any]) -> bool:
-    storages: set[int] = set()
-    for a in flat_args:
-        if isinstance(a, torch.Tensor) and not (a.is_sparse or a.is_mkldnn):
-            s = a.untyped_storage()._cdata
-            if s in storages:
-                return True
-            storages.add(s)
-    return False
-
-
 def _try_single_pass(
     flat_fn: FlatFn, fake_args: list[Any], layout: InputLayout, cfg: AOTConfig
-) -> tuple[ViewAndMutationMeta, FlatFn, list[Any], tuple[torch.fx.GraphModule, list[Any]]] | None:
+) -> tuple[ViewAndMutationMeta, FlatFn, list[Any], tuple[torch.fx.GraphModule, list[Any]]] | str:
     """(metadata, traced function, forward outputs, (joint, joint inputs)) from one
-    trace, or None for the two-pass flow. See Note [Single-pass joint trace]."""
+    trace, or, for the two-pass flow, why not. See Note [Single-pass joint trace]."""
     traced_fn = layout.wrap_for_tracing(flat_fn)
     try:
         joint, joint_inputs, meta, fw_outs = trace_single_pass(
-            traced_fn, fake_args, cfg.decompositions,
+            traced_fn,
+            fake_args,
+            cfg.decompositions,
             static_input_indices=cfg.static_input_indices or (),
         )
-    except Exception:  # NotSinglePass, or an error the two-pass flow reports in its own way
-        return None
+    except Exception as e:  # NotSinglePass, or an error the two-pass flow reports its way
+        return describe_failure(e)
     return meta, traced_fn, fw_outs, (joint, joint_inputs)
 
 
@@ -521,10 +530,17 @@ def _compile_training(
     if traced is not None:
         joint, joint_inputs = traced
     else:
-        native = subclasses is None and _native_functionalization(meta, cfg, artifacts.layout)
-        joint, joint_inputs = trace_joint(
-            traced_fn, fake, meta, cfg.decompositions, native=native, subclasses=subclasses
+        # See Note [Why a graph took the path it took]
+        blocker = (
+            "tensor subclass inputs"
+            if subclasses is not None
+            else native_blocker(meta, cfg, artifacts.layout)
         )
+        joint, joint_inputs = trace_joint(
+            traced_fn, fake, meta, cfg.decompositions, native=blocker is None, subclasses=subclasses
+        )
+        artifacts.native_skipped = joint.meta.get(NATIVE_FALLBACK_KEY, blocker)
+        artifacts.native_functionalization = artifacts.native_skipped is None
     _mark_runtime_mutated_primals(joint, meta, subclasses)
     propagate_mutation_meta(joint.graph)  # See Note [Preserved node meta]
     log_joint(joint, single_pass=artifacts.single_pass)
@@ -555,7 +571,10 @@ def _compile_training(
         if subclasses is not None:
             n_saved = partition.num_saved_symints + partition.num_saved_tensors
             return subclass_backward(
-                compiled, n_saved, subclasses.tangent_metas, subclasses.grad_metas,
+                compiled,
+                n_saved,
+                subclasses.tangent_metas,
+                subclasses.grad_metas,
                 subclasses.zero_tangents(meta),
             )
         return compiled
@@ -577,7 +596,8 @@ def _compile_training(
         num_saved_tensors=partition.num_saved_tensors,
         num_saved_symints=partition.num_saved_symints,
         tangent_deps=_tangent_dependencies(
-            bw_module, partition.num_saved_symints + partition.num_saved_tensors,
+            bw_module,
+            partition.num_saved_symints + partition.num_saved_tensors,
             len(meta.tangent_indices),
         ),
         plain_view_outputs=_plain_view_outputs(fw_module, meta),
@@ -592,26 +612,6 @@ def _compile_training(
 
 def _name(fn: Any) -> str:
     return str(getattr(fn, "__name__", None) or type(fn).__name__)
-
-
-def _native_functionalization(meta: ViewAndMutationMeta, cfg: AOTConfig, layout: InputLayout) -> bool:
-    """Whether the joint is traced with the C++ Functionalize key (See Note [Native
-    functionalization] in aotkit_functional).
-
-    Only for programs without input mutations, aliased outputs or aliased inputs: there
-    the joint is op for op the one torch's Python mode traces (minus no-op detach nodes).
-    Mutation and aliasing programs, and exports, keep torch's exact graph text (view
-    replay numbers its nodes differently on the native path).
-    """
-    return (
-        meta.native_functionalization_ok
-        and not cfg.is_export
-        and layout.is_trivial
-        and not meta.mutated_inp_runtime_indices
-        and not meta.mutated_inp_in_graph_indices
-        and meta.num_intermediate_bases == 0
-        and all(o.output_type is OutputType.non_alias for o in meta.output_info)
-    )
 
 
 def _gradless_inputs(

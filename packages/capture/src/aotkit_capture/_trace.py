@@ -152,17 +152,32 @@ def trace_joint(
     (See Note [Native functionalization]) and falls back to torch's Python mode when that
     fails or leaves an op the Python mode would have rewritten.
     """
-    if subclasses is not None:
-        return _trace_joint(flat_fn, fake_args, meta, decompositions, native=False, subclasses=subclasses)
-    if native:
-        try:
-            traced = _trace_joint(flat_fn, fake_args, meta, decompositions, native=True)
-        except Exception:  # the Python mode traces it or raises the user-facing error
-            pass
-        else:
-            if not any(needs_python_mode(n) for n in traced[0].graph.nodes):
-                return traced
-    return _trace_joint(flat_fn, fake_args, meta, decompositions, native=False)
+    if subclasses is not None or not native:
+        return _trace_joint(
+            flat_fn, fake_args, meta, decompositions, native=False, subclasses=subclasses
+        )
+    try:
+        traced = _trace_joint(flat_fn, fake_args, meta, decompositions, native=True)
+    except Exception as e:  # the Python mode traces it or raises the user-facing error
+        reason = f"the native trace failed: {type(e).__name__}: {_first_line(e)}"
+    else:
+        kept = next((n for n in traced[0].graph.nodes if needs_python_mode(n)), None)
+        if kept is None:
+            return traced
+        reason = f"the native trace kept {kept.target}, which the Python mode rewrites"
+    gm, inputs = _trace_joint(flat_fn, fake_args, meta, decompositions, native=False)
+    # See Note [Why a graph took the path it took] in _paths
+    gm.meta[NATIVE_FALLBACK_KEY] = reason
+    return gm, inputs
+
+
+# The joint's ``meta`` key naming why a native trace was thrown away for the Python mode's
+NATIVE_FALLBACK_KEY = "aotkit_native_fallback"
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] if lines else ""
 
 
 def needs_python_mode(node: torch.fx.Node) -> bool:
@@ -226,9 +241,12 @@ def _move_kept_mutations(
     them (they are recorded after the backward); returns the new end of the forward. See
     Note [Input mutations kept in the training graph]."""
     mutations = [
-        n for n in gm.graph.nodes
-        if n.op == "call_function" and n.target in _KEPT_MUTATION_OPS
-        and isinstance(n.args[0], torch.fx.Node) and n.args[0].op == "placeholder"
+        n
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and n.target in _KEPT_MUTATION_OPS
+        and isinstance(n.args[0], torch.fx.Node)
+        and n.args[0].op == "placeholder"
         and n.meta.get("partitioner_tag") != BACKWARD_TAG
     ][-count:]
     anchor = forward_end

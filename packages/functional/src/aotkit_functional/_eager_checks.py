@@ -98,6 +98,9 @@ class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
         self._leaf_ids = {id(t) for t in leaf_inputs}
         # See Note [Native functionalization]: False once an op needs the Python mode
         self.native_functionalization_ok = True
+        # the first op that needs the Python mode (See Note [Why a graph took the path it
+        # took] in aotkit_capture)
+        self.python_mode_op: Any = None
 
     def __torch_dispatch__(
         self,
@@ -109,6 +112,7 @@ class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
         kwargs = kwargs or {}
         if self.native_functionalization_ok and needs_python_functionalization(func):
             self.native_functionalization_ok = False
+            self.python_mode_op = func
         if func._schema.is_mutable:
             name = func._schema.name.split("::")[-1]
             for t in _written_tensors(func, args, kwargs):

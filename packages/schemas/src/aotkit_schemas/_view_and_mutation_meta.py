@@ -69,6 +69,9 @@ class ViewAndMutationMeta:
     subclass_inp_meta: Sequence[SubclassOrPlainMeta] = ()
     subclass_fw_graph_out_meta: Sequence[SubclassOrPlainMeta] = ()
     subclass_tangent_meta: Sequence[SubclassOrPlainMeta] = ()
+    # when not native_functionalization_ok: the first op or input that needs the Python
+    # mode (See Note [Why a graph took the path it took] in aotkit_capture)
+    native_functionalization_blocker: str | None = None
 
     # ---- derived, filled in __post_init__ ----
     # indices of inputs whose mutation is applied by the runtime epilogue
