@@ -44,7 +44,8 @@ def record_compilations() -> Iterator[list[Any]]:
     try:
         yield records
     finally:
-        _RECORDERS.remove(records)
+        # by identity: two recorders that saw the same compilations compare equal
+        del _RECORDERS[next(i for i, r in enumerate(_RECORDERS) if r is records)]
 
 
 def notify_compiled(artifacts: Any) -> None:
@@ -59,8 +60,8 @@ def single_pass_blocker(
     """Why Note [Single-pass joint trace] is not tried (None: it is): it takes training
     calls (grad mode on, an input requiring grad) with static shapes and no duplicated
     inputs or inputs sharing memory, outside export."""
-    if shape_env is not None:
-        return "a ShapeEnv (dynamic shapes, or dynamo's fake mode)"
+    if shape_env is not None and _has_symbolic_sizes(flat_args):
+        return "dynamic shapes"
     if cfg.is_export:
         return "export"
     if cfg.keep_inference_input_mutations:
