@@ -111,7 +111,8 @@ def test_an_aliased_output_names_the_reason() -> None:
 def test_an_op_the_python_mode_rewrites_is_named() -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         mean, var = torch.zeros(3), torch.ones(3)
-        return torch.ops.aten.native_batch_norm(x, w, None, mean, var, True, 0.1, 1e-5)[0]
+        out: torch.Tensor = torch.ops.aten.native_batch_norm(x, w, None, mean, var, True, 0.1, 1e-5)[0]
+        return out
 
     w = torch.randn(3, requires_grad=True)
     with record_compilations() as records:
