@@ -664,6 +664,16 @@ def _table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> 
         print("  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))))
 
 
+def summary(r: PairResult) -> str:
+    """One line per finished model and pair, so that a long run shows results as it goes."""
+    o, t = r.ours, r.theirs
+    return (
+        f"ok {r.correct.get(o, '-')}/{r.correct.get(t, '-')}, first o/t "
+        f"{_r(r.ratio(r.first, o, t))}, aot o/t {_r(r.ratio(r.aot, o, t))}, steady o/t "
+        f"{_r(r.ratio(r.steady, o, t))}, path {r.path}"
+    )
+
+
 def report(results: list[PairResult]) -> list[tuple[str, float, float]]:
     rows = []
     for r in results:
@@ -760,6 +770,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for pair in pairs:
             r = bench_pair(name, pair, backends, s, progress, args.top if args.profile else 0)
             results.append(r)
+            progress(f"[{name}/{pair}] {summary(r)}")
             if r.profile:
                 print(f"\n== profile: {name}, {r.ours}, AOT layer of one first step ==")
                 print(r.profile)
