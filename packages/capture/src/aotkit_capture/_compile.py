@@ -331,6 +331,7 @@ def _try_single_pass(
             fake_args,
             cfg.decompositions,
             static_input_indices=cfg.static_input_indices or (),
+            keep_input_mutations=cfg.keep_inference_input_mutations,
         )
     except Exception as e:  # NotSinglePass, or an error the two-pass flow reports its way
         return describe_failure(e)

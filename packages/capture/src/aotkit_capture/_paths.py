@@ -64,9 +64,6 @@ def single_pass_blocker(
         return "dynamic shapes"
     if cfg.is_export:
         return "export"
-    if cfg.keep_inference_input_mutations:
-        # Note [Input mutations kept in the training graph]
-        return "keep_inference_input_mutations"
     if not layout.is_trivial:
         return "duplicated inputs"
     if not torch.is_grad_enabled():

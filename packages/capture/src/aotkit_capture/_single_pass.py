@@ -82,7 +82,15 @@ from ._saved_detaches import (
     match_python_mode_graph,
     tag_forward_and_backward,
 )
-from ._trace import STALE_TANGENTS_KEY, FlatFn, last_graph_node, needs_python_mode, primal_grads
+from ._trace import (
+    STALE_TANGENTS_KEY,
+    FlatFn,
+    apply_kept_mutation,
+    move_kept_mutations,
+    last_graph_node,
+    needs_python_mode,
+    primal_grads,
+)
 
 
 class NotSinglePass(Exception):
@@ -187,11 +195,13 @@ def _legit_batch_norm(
     )[0]
 
 
-def _mutated_inputs(primals: Sequence[Any], f_primals: Sequence[Any]) -> list[InputAliasInfo]:
+def _mutated_inputs(
+    primals: Sequence[Any], f_primals: Sequence[Any], keep_input_mutations: bool
+) -> list[InputAliasInfo]:
     """Every input's InputAliasInfo, as the metadata pass records it; raises NotSinglePass
     unless each mutation is a data write to an input that does not require grad."""
     infos = [
-        input_alias_info(p, fp, keep_input_mutations=False)
+        input_alias_info(p, fp, keep_input_mutations=keep_input_mutations)
         for p, fp in zip(primals, f_primals, strict=True)
     ]
     for info in infos:
@@ -252,8 +262,13 @@ def trace_single_pass(
     decompositions: DecompositionTable,
     *,
     static_input_indices: Sequence[int] = (),
+    keep_input_mutations: bool = False,
 ) -> tuple[torch.fx.GraphModule, list[Any], ViewAndMutationMeta, list[Any]]:
     """Trace the joint graph and collect its metadata in one pass, or raise NotSinglePass.
+
+    With ``keep_input_mutations``, data writes to inputs that autograd need not see end the
+    joint as ``copy_`` into their placeholder, as in the two-pass flow (See Note [Input
+    mutations kept in the training graph]).
 
     Returns ``(joint, [primals, tangents], meta, forward outputs)``; See Note [Single-pass
     joint trace]. Call it under the fake mode of ``fake_args``, with grad mode on.
@@ -273,7 +288,13 @@ def trace_single_pass(
             if any(isinstance(o, torch.Tensor) and is_traceable_wrapper_subclass(o) for o in outs):
                 # See Note [Tensor subclasses are desugared] in aotkit_schemas
                 raise NotSinglePass("a tensor subclass output")
-            input_info = _mutated_inputs(primals, f_primals)
+            input_info = _mutated_inputs(primals, f_primals, keep_input_mutations)
+            in_graph = [
+                (i, info)
+                for i, info in enumerate(input_info)
+                if info.mutation_type is MutationType.MUTATED_IN_GRAPH
+            ]
+            kept_updates = [from_native_functional(f_primals[i]) for i, _ in in_graph]
             _check_plain_outputs(f_primals, outs)
             positions = [
                 j for j, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad
@@ -308,6 +329,11 @@ def trace_single_pass(
             ]
             plain_outs = [from_native_functional(o) for o in (*mutated, *outs)]
             plain_grads = [from_native_functional(g) if g is not None else None for g in grads]
+        # See Note [Input mutations kept in the training graph]
+        kept_nodes_start = len(last_graph_node().graph.nodes)
+        for (i, info), new in zip(in_graph, kept_updates, strict=True):
+            apply_kept_mutation(primals[i], new, info)
+        found.update(kept_nodes_start=kept_nodes_start, n_kept=len(in_graph))
         found.update(input_info=input_info, f_outs=outs, outs=plain_outs, tangents=tangents)
         return [*plain_outs, *plain_grads]
 
@@ -319,12 +345,16 @@ def trace_single_pass(
     finally:
         # a function that switched grad mode off and was abandoned must not leave it off
         torch.set_grad_enabled(True)
-    if any(needs_python_mode(n) for n in gm.graph.nodes):
+    # the kept input mutations' copy_ nodes end the joint (the Python mode makes the same)
+    if any(needs_python_mode(n) for n in list(gm.graph.nodes)[: found["kept_nodes_start"]]):
         raise NotSinglePass("the traced graph keeps an op the Python mode rewrites")
     replay_rng_inplace(gm)  # See Note [RNG replay keys]
     tangents: list[torch.Tensor] = found["tangents"]
     # See Note [Forward and backward tags]
-    tag_forward_and_backward(gm.graph, found["forward_end"])
+    end = found["forward_end"]
+    if found["n_kept"]:
+        end = move_kept_mutations(gm, end, found["n_kept"])
+    tag_forward_and_backward(gm.graph, end)
     match_python_mode_graph(gm, saved_outputs)
     _move_tangents_after_primals(gm, primals, tangents)
     meta = _meta(found["input_info"], found["f_outs"], tangents, static_input_indices)

@@ -121,7 +121,7 @@ def trace_inference(
             plain = [from_functional(r) for r in returns]
             updates = [from_functional(f_args[i]) for i in in_graph]
         for i, new in zip(in_graph, updates, strict=True):
-            _apply_kept_mutation(args[i], new, meta.input_info[i])
+            apply_kept_mutation(args[i], new, meta.input_info[i])
         return tuple(plain)
 
     # Traced under the caller's grad mode: a function that calls torch.autograd.grad
@@ -202,7 +202,7 @@ def _is_plain_python_call(target: Any) -> bool:
     )
 
 
-def _apply_kept_mutation(original: torch.Tensor, new: torch.Tensor, info: InputAliasInfo) -> None:
+def apply_kept_mutation(original: torch.Tensor, new: torch.Tensor, info: InputAliasInfo) -> None:
     """Record an input mutation that stays in the graph: ``copy_`` (``set_`` for a storage
     swap), under no_grad when the program made it there (a leaf that requires grad may be
     written only so), without bumping the version counter when it was hidden from
@@ -234,7 +234,7 @@ def last_graph_node() -> torch.fx.Node:
     return node
 
 
-def _move_kept_mutations(
+def move_kept_mutations(
     gm: torch.fx.GraphModule, forward_end: torch.fx.Node, count: int
 ) -> torch.fx.Node:
     """Put the ``count`` trailing input mutations right after the forward, where torch has
@@ -314,7 +314,7 @@ def _trace_joint(
             plain_returns = [unwrap(r) for r in returns]
             plain_grads = [unwrap(g) if g is not None else None for g in grads]
         for i, new in zip(in_graph, kept_updates, strict=True):
-            _apply_kept_mutation(primals[i], new, meta.input_info[i])
+            apply_kept_mutation(primals[i], new, meta.input_info[i])
         for i, new in zip(bw_written, bw_updates, strict=True):
             with torch.no_grad():  # checked at run time; See Note [Data mutations in the backward]
                 primals[i].copy_(new)
@@ -346,7 +346,7 @@ def _trace_joint(
             if subclasses is not None
             else len(in_graph)
         )
-        end = _move_kept_mutations(gm, end, n_kept)
+        end = move_kept_mutations(gm, end, n_kept)
     # See Note [Forward and backward tags]
     tag_forward_and_backward(gm.graph, end)
     match_python_mode_graph(gm, saved_outputs)
