@@ -86,8 +86,8 @@ from ._trace import (
     STALE_TANGENTS_KEY,
     FlatFn,
     apply_kept_mutation,
-    move_kept_mutations,
     last_graph_node,
+    move_kept_mutations,
     needs_python_mode,
     primal_grads,
 )
