@@ -104,14 +104,16 @@ def test_an_aliased_output_names_the_reason() -> None:
         aotkit.aot_function(f, aotkit.nop)(torch.randn(2, 3), w)
     (r,) = records
     assert r.path == "python"
-    assert r.single_pass_skipped == "an output aliases an input or another tensor"
+    assert r.single_pass_skipped == "an output aliases an input or another output"
     assert r.native_skipped == "an output is an alias"
 
 
 def test_an_op_the_python_mode_rewrites_is_named() -> None:
     def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         mean, var = torch.zeros(3), torch.ones(3)
-        out: torch.Tensor = torch.ops.aten.native_batch_norm(x, w, None, mean, var, True, 0.1, 1e-5)[0]
+        out: torch.Tensor = torch.ops.aten.native_batch_norm(
+            x, w, None, mean, var, True, 0.1, 1e-5
+        )[0]
         return out
 
     w = torch.randn(3, requires_grad=True)
@@ -135,3 +137,55 @@ def test_inference_and_nested_recorders() -> None:
     assert [r.path for r in inner] == ["inference"]
     assert inner[0].path_reason == "no input requires grad"
     assert [r.path for r in outer] == ["inference", "single pass"]
+
+
+@pytest.mark.parametrize(
+    "view",
+    [
+        lambda y: y.t(),
+        lambda y: y.view(-1),
+        lambda y: y[1:],
+        lambda y: y.detach()[0],  # a view that does not require grad: non_alias
+    ],
+    ids=["t", "view", "slice", "detached"],
+)
+def test_a_view_of_an_intermediate_takes_the_single_pass(
+    view: Callable[[torch.Tensor], torch.Tensor], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GPT-2's graph before its graph break returns ``hidden_states.view(...)``: the only
+    # output viewing an intermediate is classified as the metadata pass does (Note [Output
+    # aliasing kinds]), with the same joint, outputs and gradients as the two-pass flow
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x @ w
+        return view(y), (y * 2).sum()
+
+    def run() -> tuple[list[CompiledArtifacts], list[torch.Tensor], list[torch.Tensor | None]]:
+        x = torch.randn(3, 4)
+        w = torch.randn(4, 3, requires_grad=True)
+        with record_compilations() as records:
+            outs = aotkit.aot_function(f, aotkit.nop)(x, w)
+        sum(o.sum() for o in outs if o.requires_grad).backward()
+        return list(records), list(outs), [w.grad]
+
+    torch.manual_seed(0)
+    single, outs, grads = run()
+    assert [r.path for r in single] == ["single pass"], [r.path_reason for r in single]
+    monkeypatch.setattr(compile_module, "single_pass_blocker", lambda *a: "forced")
+    torch.manual_seed(0)
+    two_pass, outs2, grads2 = run()
+    assert two_pass[0].single_pass_skipped == "forced"
+    assert single[0].meta.output_info == two_pass[0].meta.output_info
+    joint, joint2 = single[0].joint_module, two_pass[0].joint_module
+    assert joint is not None and joint2 is not None
+    assert joint.code == joint2.code
+    torch.manual_seed(0)
+    x = torch.randn(3, 4)
+    w = torch.randn(4, 3, requires_grad=True)
+    eager = f(x, w)
+    for a, b, e in zip(outs, outs2, eager, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, e)
+        assert a.stride() == b.stride() == e.stride()
+        assert a.storage_offset() == b.storage_offset()
+        assert a._is_view() == b._is_view()
+        assert a.requires_grad == b.requires_grad == e.requires_grad
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads2, strict=True))  # type: ignore[arg-type]

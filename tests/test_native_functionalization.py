@@ -358,7 +358,7 @@ def test_single_pass_gives_the_two_pass_graphs_and_metadata() -> None:
     ("name", "program", "make_inputs"),
     [
         ("input mutation", lambda x: x.mul_(2).sin(), lambda: (torch.randn(3, requires_grad=True).clone(),)),
-        ("view output", lambda x: x.sin().view(-1), lambda: (torch.randn(2, 3, requires_grad=True),)),
+        ("two outputs view one intermediate", lambda x: (lambda y: (y.view(-1), y[0]))(x.sin()), lambda: (torch.randn(2, 3, requires_grad=True),)),
         ("returns an input", lambda x: (x, x.sin()), lambda: (torch.randn(3, requires_grad=True),)),
         ("detached twin", lambda x: (lambda y: (y, y.detach()))(x.sin()), lambda: (torch.randn(3, requires_grad=True),)),
         ("grad mode left off", lambda x: (x.sin(), torch.set_grad_enabled(False))[0], lambda: (torch.randn(3, requires_grad=True),)),

@@ -116,10 +116,10 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
 
 class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
     """One torch-function layer for the single pass (See Note [Single-pass joint trace]):
-      * stops at an in-place call (``x.add_``, ``x += y``, ``out=``, ``x[i] = v``) that
-        writes to a tensor whose elements share memory;
-      * runs ``F.batch_norm`` and ``torch.batch_norm`` as the ``_native_batch_norm_legit``
-        op family, whose schemas declare the running-stat writes."""
+    * stops at an in-place call (``x.add_``, ``x += y``, ``out=``, ``x[i] = v``) that
+      writes to a tensor whose elements share memory;
+    * runs ``F.batch_norm`` and ``torch.batch_norm`` as the ``_native_batch_norm_legit``
+      op family, whose schemas declare the running-stat writes."""
 
     def __torch_function__(
         self,
@@ -136,8 +136,14 @@ class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
             if a["training"]:
                 torch.nn.functional._verify_batch_size(a["input"].size())  # type: ignore[attr-defined]
             return _legit_batch_norm(
-                a["input"], a["weight"], a["bias"], a["running_mean"], a["running_var"],
-                a["training"], a["momentum"], a["eps"],
+                a["input"],
+                a["weight"],
+                a["bias"],
+                a["running_mean"],
+                a["running_var"],
+                a["training"],
+                a["momentum"],
+                a["eps"],
             )
         if func is torch.batch_norm and not kwargs and _on_cpu(args, kwargs):
             return _legit_batch_norm(*args[:8])
@@ -170,8 +176,14 @@ _F_BATCH_NORM = inspect.signature(torch.nn.functional.batch_norm)
 
 
 def _legit_batch_norm(
-    x: Any, weight: Any, bias: Any, running_mean: Any, running_var: Any,
-    training: bool, momentum: float, eps: float,
+    x: Any,
+    weight: Any,
+    bias: Any,
+    running_mean: Any,
+    running_var: Any,
+    training: bool,
+    momentum: float,
+    eps: float,
 ) -> Any:
     """``torch.batch_norm``'s output, computed with the op torch's Python dispatcher
     decomposes native_batch_norm to."""
@@ -214,35 +226,45 @@ def _mutated_inputs(
     return infos
 
 
-def _check_plain_outputs(f_primals: Sequence[Any], outs: Sequence[Any]) -> None:
+def _output_kinds(f_primals: Sequence[Any], outs: Sequence[Any]) -> list[OutputType]:
+    """Every output's OutputType, as the metadata pass gives it; raises NotSinglePass
+    unless each output owns its memory, or is the only output viewing an intermediate
+    (``unsafe_view_alias`` when both require grad, else ``non_alias``; See Note [Output
+    aliasing kinds] in aotkit_analysis)."""
     storages = {storage_ref(p) for p in f_primals if isinstance(p, torch.Tensor)}
+    kinds = []
     for o in outs:
         if not isinstance(o, torch.Tensor):
+            kinds.append(OutputType.non_alias)
             continue
         st = storage_ref(o)
-        if o._base is not None or st in storages:
-            raise NotSinglePass("an output aliases an input or another tensor")
+        if st in storages:
+            raise NotSinglePass("an output aliases an input or another output")
         storages.add(st)
+        view_of_grad = o._base is not None and o.requires_grad and o._base.requires_grad
+        kinds.append(OutputType.unsafe_view_alias if view_of_grad else OutputType.non_alias)
+    return kinds
 
 
 def _meta(
     inputs: list[InputAliasInfo],
     outs: Sequence[Any],
+    kinds: Sequence[OutputType],
     tangents: Sequence[torch.Tensor],
     static_input_indices: Sequence[int],
 ) -> ViewAndMutationMeta:
     outputs = [
         OutputAliasInfo(
-            OutputType.non_alias,
+            kind,
             torch.Tensor,
             None,
             frozenset(),
             bool(o.requires_grad),
-            bool(o.requires_grad),
+            bool(o.requires_grad) and (o._base is None or o.grad_fn is not None),
         )
         if isinstance(o, torch.Tensor)
         else OutputAliasInfo(OutputType.non_alias, type(o), None, None, False)
-        for o in outs
+        for o, kind in zip(outs, kinds, strict=True)
     ]
     return ViewAndMutationMeta(
         input_info=inputs,
@@ -295,7 +317,7 @@ def trace_single_pass(
                 if info.mutation_type is MutationType.MUTATED_IN_GRAPH
             ]
             kept_updates = [from_native_functional(f_primals[i]) for i, _ in in_graph]
-            _check_plain_outputs(f_primals, outs)
+            found["kinds"] = _output_kinds(f_primals, outs)
             positions = [
                 j for j, o in enumerate(outs) if isinstance(o, torch.Tensor) and o.requires_grad
             ]
@@ -357,7 +379,9 @@ def trace_single_pass(
     tag_forward_and_backward(gm.graph, end)
     match_python_mode_graph(gm, saved_outputs)
     _move_tangents_after_primals(gm, primals, tangents)
-    meta = _meta(found["input_info"], found["f_outs"], tangents, static_input_indices)
+    meta = _meta(
+        found["input_info"], found["f_outs"], found["kinds"], tangents, static_input_indices
+    )
     # See Note [Backward paths through stale saved values] in _capture
     gm.meta[STALE_TANGENTS_KEY] = stale_tangents
     return gm, [primals, tangents], meta, list(found["outs"])
