@@ -183,6 +183,24 @@ def test_min_cut_recomputes_a_mask_when_that_saves_bytes() -> None:
     assert on.bytes[0] < off.bytes[0]
 
 
+def test_min_cut_does_not_replay_attention_with_dropout() -> None:
+    # scaled_dot_product_attention with dropout draws (it is random) but is compute-heavy:
+    # the backward receives its outputs instead of running it again from a saved state
+    graphs = Graphs(min_cut_rematerialization_partition)
+
+    def fn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=0.5).sin().sum()
+
+    q, k, v = (torch.randn(1, 2, 8, 4, requires_grad=True) for _ in range(3))
+    aot_function(fn, nop, nop, partition_fn=graphs)(q, k, v).backward()
+    assert run_and_save_rng_state not in _targets(graphs.fw[0])
+    assert run_with_rng_state not in _targets(graphs.bw[0])
+    assert not any(
+        isinstance(t, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in t.tags
+        for t in _targets(graphs.bw[0])
+    )
+
+
 def test_min_cut_saves_a_draw_smaller_than_a_state() -> None:
     # 16 floats of noise (64 bytes) are cheaper to save than a generator state (5,056).
     graphs = Graphs(min_cut_rematerialization_partition)

@@ -10,6 +10,7 @@ from aotkit_backends import (
     inductor_compiler,
     inductor_unavailable_reason,
     is_boxed,
+    make_inductor_compiler,
 )
 from aotkit_backends import _inductor as inductor_module
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -65,3 +66,35 @@ def test_reports_a_missing_toolchain(monkeypatch: pytest.MonkeyPatch) -> None:
     assert not inductor_available("cpu")
     with pytest.raises(InductorUnavailableError, match="no C"):
         inductor_compiler(gm, [torch.ones(1)])
+
+
+def test_a_graph_already_lowered_is_copied_not_retraced(monkeypatch: pytest.MonkeyPatch) -> None:
+    # See Note [Why inductor_compiler re-traces]: a graph traced with Inductor's table and
+    # returning a flat list (with None, as backward graphs do) is copied, never re-traced,
+    # and the caller's graph is left as it was
+    from torch._inductor.decomposition import select_decomp_table
+
+    x, y = torch.randn(3, 4), torch.randn(4, 5)
+    gm = make_fx(
+        lambda a, b: [(a @ b).relu(), None, a.sum(1)], decomposition_table=select_decomp_table()
+    )(x, y)
+    code_before = gm.code
+
+    def no_retrace(*args: object, **kwargs: object) -> None:
+        raise AssertionError("re-traced a graph that was already lowered")
+
+    monkeypatch.setattr(inductor_module, "make_fx", no_retrace)
+    out = make_inductor_compiler(retrace=False)(gm, [x, y])([x, y])
+    assert gm.code == code_before, "the caller's graph must not change"
+    assert isinstance(out, list) and len(out) == 3 and out[1] is None
+    torch.testing.assert_close(out[0], (x @ y).relu())
+    torch.testing.assert_close(out[2], x.sum(1))
+
+
+def test_a_graph_inductor_refuses_as_traced_is_retraced() -> None:
+    # retrace=False on a graph that still holds an op of Inductor's table (aten.t): Inductor
+    # refuses the copy ("both a fallback and a decomp"), and the re-trace compiles it
+    x = torch.randn(3, 3)
+    gm = make_fx(lambda a: [a.t().relu()])(x)
+    out = make_inductor_compiler(retrace=False)(gm, [x])([x])
+    torch.testing.assert_close(out[0], x.t().relu())

@@ -19,6 +19,7 @@ def test_all() -> None:
         "is_boxed",
         "make_boxed_compiler",
         "make_boxed_func",
+        "make_inductor_compiler",
         "make_print_compiler",
         "nop",
         "print_compiler",

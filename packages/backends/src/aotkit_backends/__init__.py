@@ -14,6 +14,7 @@ from ._inductor import InductorUnavailableError as InductorUnavailableError
 from ._inductor import inductor_available as inductor_available
 from ._inductor import inductor_compiler as inductor_compiler
 from ._inductor import inductor_unavailable_reason as inductor_unavailable_reason
+from ._inductor import make_inductor_compiler as make_inductor_compiler
 from ._nop import nop as nop
 from ._print import make_print_compiler as make_print_compiler
 from ._print import print_compiler as print_compiler
@@ -25,6 +26,7 @@ __all__ = [
     "inductor_available",
     "inductor_compiler",
     "inductor_unavailable_reason",
+    "make_inductor_compiler",
     "is_boxed",
     "make_boxed_compiler",
     "make_boxed_func",

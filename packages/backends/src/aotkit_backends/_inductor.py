@@ -13,24 +13,34 @@ it is first re-traced with that table (see Note [Why inductor_compiler re-traces
 # copies of the example inputs, into a graph that returns the flattened outputs; the
 # compiled callable rebuilds the original output structure. The caller's GraphModule is
 # left untouched. Re-tracing a graph that was already decomposed with the same table gives
-# the same graph back.
+# the same graph back. Whether a graph was decomposed with the table cannot be read off it
+# cheaply (the table holds ops such as ``aten.mm`` whose decomposition declines most
+# inputs), so a caller that traced it so says ``retrace=False`` (aotkit_inductor: its
+# traces use Inductor's table); such a graph, when its outputs are a flat list or tuple and
+# its nodes ATen ops, getitem or higher-order ops with ``val`` metadata, is copied instead
+# of re-traced (the re-trace cost a fifth of Inductor's compile time on real models). If
+# Inductor still refuses the copy, the graph is re-traced after all.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from aotkit_schemas import get_logger
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ._boxing import BoxedCallable
+
+_log = get_logger("compile")
 
 
 class InductorUnavailableError(RuntimeError):
@@ -85,6 +95,27 @@ def inductor_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -
     Raises InductorUnavailableError when TorchInductor cannot compile for the inputs'
     devices here.
     """
+    return _compile(gm, example_inputs, retrace=True)
+
+
+def make_inductor_compiler(*, retrace: bool = True) -> Callable[..., BoxedCallable]:
+    """``inductor_compiler``, or with ``retrace=False`` its twin for graphs traced with
+    Inductor's decomposition table, which are not re-traced (See Note [Why
+    inductor_compiler re-traces])."""
+    if retrace:
+        return inductor_compiler
+
+    def inductor_compiler_for_decomposed_graphs(
+        gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+    ) -> BoxedCallable:
+        return _compile(gm, example_inputs, retrace=False)
+
+    return inductor_compiler_for_decomposed_graphs
+
+
+def _compile(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, retrace: bool
+) -> BoxedCallable:
     devices = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)} or {"cpu"}
     for device in sorted(devices):
         problem = inductor_unavailable_reason(device)
@@ -98,6 +129,12 @@ def inductor_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -
 
     fake_mode, fake_inputs = _fakify(example_inputs)
     with _allow_non_fake_inputs(fake_mode):
+        copied = None if retrace else _copy_if_flat(gm)
+        if copied is not None:
+            try:
+                return _boxed_with_structure(compile_fx_inner(copied[0], fake_inputs), copied[1])
+            except Exception as e:  # re-traced below, where a real error raises again
+                _log.debug("Inductor refused the graph as traced (%s); re-tracing it", e)
         flat_gm, out_spec = _retrace_flat(gm, fake_inputs, select_decomp_table())
         compiled = compile_fx_inner(flat_gm, fake_inputs)
     return _boxed_with_structure(compiled, out_spec)
@@ -142,6 +179,40 @@ def _retrace_flat(
     with fake_mode if fake_mode is not None else contextlib.nullcontext(), torch.no_grad():
         flat_gm = make_fx(flat_forward, decomposition_table=decompositions)(*fake_inputs)
     return flat_gm, specs[-1]
+
+
+def _copy_if_flat(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, pytree.TreeSpec] | None:
+    """A copy of ``gm`` (Inductor's passes rewrite the graph they get) and its output
+    structure, when Inductor takes it as it is; else None. See Note [Why inductor_compiler
+    re-traces]."""
+    output = None
+    for node in gm.graph.nodes:
+        if node.op == "output":
+            output = node
+        elif node.op == "call_function":
+            target = node.target
+            if target is operator.getitem:
+                continue
+            if not isinstance(target, torch._ops.OpOverload | torch._ops.HigherOrderOperator):
+                return None
+        elif node.op != "placeholder":  # get_attr constants, call_module: re-trace
+            return None
+        if node.op != "output" and "val" not in node.meta:
+            return None
+    if output is None:
+        return None
+    outs = output.args[0]
+    if not isinstance(outs, list | tuple) or not all(
+        o is None or isinstance(o, torch.fx.Node) for o in outs
+    ):
+        return None
+    graph = torch.fx.Graph()
+    copied_outs = graph.graph_copy(gm.graph, {})
+    graph.output(list(copied_outs) if isinstance(copied_outs, list | tuple) else copied_outs)
+    flat_gm = torch.fx.GraphModule(gm, graph)
+    leaves = [o is not None for o in outs]  # Nones stay graph outputs; See _boxed_with_structure
+    spec = pytree.tree_structure(leaves if isinstance(outs, list) else tuple(leaves))
+    return flat_gm, spec
 
 
 def _boxed_with_structure(

@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from aotkit_backends import inductor_compiler, nop
+from aotkit_backends import make_inductor_compiler, nop
 from aotkit_partitioners import default_partition, min_cut_rematerialization_partition
 from torch._decomp import get_decompositions
 from torch.utils._python_dispatch import _disable_current_modes
@@ -225,6 +225,9 @@ def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     return table
 
 
+_INDUCTOR_FOR_DECOMPOSED = make_inductor_compiler(retrace=False)
+
+
 def _inductor_keeping_layouts(
     gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
 ) -> Callable[[list[Any]], Any]:
@@ -238,7 +241,9 @@ def _inductor_keeping_layouts(
     from torch._inductor import config  # imported on first compile: Inductor is slow to import
 
     with config.patch(layout_optimization=False):
-        return inductor_compiler(gm, example_inputs)
+        # traced with Inductor's table (``_inductor_decompositions``): See Note [Why
+        # inductor_compiler re-traces] in aotkit_backends
+        return _INDUCTOR_FOR_DECOMPOSED(gm, example_inputs)
 
 
 # The registered backends: module attributes, so that dynamo's registry can load them by

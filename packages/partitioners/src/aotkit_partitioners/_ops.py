@@ -22,8 +22,9 @@
 # them would change the result): those are always saved.
 #
 # With functionalized RNG (the default; Note [Functionalized RNG] in aotkit_schemas) a
-# random ATen op may be recomputed like a cheap op: the forward saves the generator state
-# it drew from and the backward replays the draw from it. The min-cut charges the state's
+# random ATen op may be recomputed like a cheap op, unless it is compute-heavy itself
+# (attention with dropout): the forward saves the generator state it drew from and the
+# backward replays the draw from it. The min-cut charges the state's
 # bytes for that (Note [Min-cut flow graph]); checkpoint tags on random ops are honoured.
 # Without it random ops are never recomputed and their tags are ignored.
 # ``run_and_save_rng_state`` itself is a draw and is never recomputed.
@@ -212,8 +213,11 @@ def ban_reason(
         return "checkpoint policy MUST_SAVE"
     if policy is CheckpointPolicy.PREFER_SAVE:
         return "checkpoint policy PREFER_SAVE"
-    if must_recompute(node) or random:
+    if must_recompute(node):
         return None
+    if random:
+        # a replayed draw costs its op again: attention with dropout is still attention
+        return "compute intensive" if is_compute_intensive(node) else None
     if is_size_query(node):
         return "size the forward computes"
     if is_compute_intensive(node):
