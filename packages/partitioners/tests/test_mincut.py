@@ -142,3 +142,22 @@ def test_module_constants_read_by_backward(mode: str) -> None:
     for part in (min_cut_rematerialization_partition, default_partition):
         fw, bw = part(traced.gm, traced.inputs, num_fwd_outputs=1)
         torch.testing.assert_close(run_partition(fw, bw, 1, traced.inputs, 1), run_joint(traced))
+
+
+def test_attention_with_dropout_is_banned_as_compute_intensive() -> None:
+    # a random op (by its nondeterministic_seeded tag, whatever its dropout_p) that is
+    # compute-heavy is not replayed from a saved RNG state (See Note
+    # [Recomputation policy]); cheap random ops (dropout) stay replayable
+    from aotkit_partitioners._ops import ban_reason
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(q: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        attn = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0)[0]
+        return attn, torch.ops.aten.native_dropout(x, 0.5, True)[0]
+
+    gm = make_fx(f)(torch.randn(1, 2, 8, 4), torch.randn(8))
+    by_name = {str(n.target): n for n in gm.graph.nodes if n.op == "call_function"}
+    sdpa = by_name["aten._scaled_dot_product_flash_attention_for_cpu.default"]
+    dropout = by_name["aten.native_dropout.default"]
+    assert ban_reason(sdpa, False, functional_rng=True) == "compute intensive"
+    assert ban_reason(dropout, False, functional_rng=True) is None
