@@ -174,7 +174,10 @@ def collect_metadata(
             wrapped[id(a)] = to_functional(a)
         return wrapped[id(a)]
 
-    with functionalized(keep_input_mutations=keep_input_mutations):
+    # See Note [Effect tokens] in aotkit_capture: the effectful ops' tokens are discovered
+    with functionalized(
+        keep_input_mutations=keep_input_mutations, allow_token_discovery=True
+    ) as mode:
         f_args = [wrap(a) for a in flat_args]
         leaves = [
             fa
@@ -230,6 +233,7 @@ def collect_metadata(
             if info.mutation_type is MutationType.MUTATED_OUT_GRAPH
         ]
         fw_outs = [from_functional(t) for t in (*mutated, *f_outs, *intermediate_bases)]
+        tokens = {k: from_functional(t) for k, t in mode._tokens.items()}
     grad_enabled_mutation: bool | None = None
     if grad_after != prior_grad:
         grad_enabled_mutation = grad_after
@@ -247,6 +251,7 @@ def collect_metadata(
         static_input_indices=tuple(static_input_indices),
         native_functionalization_ok=blocker is None,
         native_functionalization_blocker=blocker,
+        tokens=tokens,
     )
     return meta, fw_outs
 

@@ -22,6 +22,8 @@ from aotkit_functional import as_plain_tensor
 from aotkit_runtime import (
     AutogradPlan,
     as_list_caller,
+    backward_with_tokens,
+    forward_with_tokens,
     make_autograd_function,
     make_epilogue,
     needs_epilogue,
@@ -45,6 +47,7 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
 from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY
 from ._context import track_graph_compiling
+from ._effects import check_no_subclass_effects, count_backward_tokens, with_backward_tokens
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._logs import log_inference, log_joint, log_partition
@@ -310,6 +313,7 @@ def _compile_two_pass(
     layer = SubclassLayer.build(fake, meta) if needs_subclass_layer(fake, fw_outs) else None
     if layer is not None:
         check_layer_applies(meta, layer)
+        check_no_subclass_effects(meta)  # See Note [Effect tokens]
     if meta.is_train:
         call = _compile_training(traced_fn, fake, meta, cfg, artifacts, subclasses=layer)
     else:
@@ -396,8 +400,11 @@ def _compile_inference(
     log_inference(gm, meta)
     artifacts.inference_module = gm
     example = fake if subclasses is None else unwrap_subclasses(fake)
+    n_tok = len(meta.tokens)  # See Note [Effect tokens]
+    if n_tok:
+        example = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
     with track_graph_compiling(cfg, "inference"):
-        raw = compiler(gm, example)
+        raw = forward_with_tokens(compiler(gm, example), n_tok)
     if subclasses is not None:
         # flattening the inputs makes a new list, so a boxed graph may clear it
         raw = subclass_forward(raw, subclasses.inp_metas, subclasses.fw_out_metas)
@@ -415,7 +422,7 @@ def _compile_inference(
 
         compiled = call_with_copy
     grad_free = not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake)
-    plain_views = _plain_view_outputs(gm, meta) if subclasses is None else ()
+    plain_views = _plain_view_outputs(gm, meta, n_tok) if subclasses is None else ()
     if plain_views:
         compiled = _returning_plain_tensors(compiled, plain_views)
 
@@ -429,13 +436,15 @@ def _compile_inference(
     return run_no_grad
 
 
-def _plain_view_outputs(gm: torch.fx.GraphModule, meta: ViewAndMutationMeta) -> tuple[int, ...]:
+def _plain_view_outputs(
+    gm: torch.fx.GraphModule, meta: ViewAndMutationMeta, n_tokens: int = 0
+) -> tuple[int, ...]:
     """Forward-return positions of non_alias outputs that ``gm`` computes as a view of an
     intermediate no other forward return views. See Note [unsafe_view_alias outputs] in
     aotkit_runtime. (Non-alias views of a shared intermediate, ``y[0], y[1]`` without
     grad, stay views of it, as in eager.)"""
     n_mut = meta.num_mutated_inp_runtime_indices
-    values = graph_outputs(gm)[: meta.num_forward_returns]
+    values = graph_outputs(gm)[n_tokens : n_tokens + meta.num_forward_returns]
     regenerated = {n_mut + j for j, o in enumerate(meta.output_info) if o.is_regenerated_alias}
     roots = [
         _view_root(v) if isinstance(v, torch.fx.Node) and i not in regenerated else None
@@ -490,7 +499,7 @@ def _returning_plain_tensors(
 
 
 def _tangent_dependencies(
-    bw_module: torch.fx.GraphModule, n_saved: int, n_tangents: int
+    bw_module: torch.fx.GraphModule, n_saved: int, n_tangents: int, n_tokens: int = 0
 ) -> tuple[frozenset[int], ...] | None:
     """For every backward output, the tangents it is computed from (None when the
     backward's placeholders do not follow the calling convention).
@@ -498,16 +507,18 @@ def _tangent_dependencies(
     See Note [Gradients through unused outputs] in aotkit_runtime.
     """
     placeholders = [n for n in bw_module.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != n_saved + n_tangents:
+    if len(placeholders) != n_saved + n_tangents + n_tokens:
         return None
     deps: dict[torch.fx.Node, frozenset[int]] = {
-        n: frozenset({k}) for k, n in enumerate(placeholders[n_saved:])
+        n: frozenset({k}) for k, n in enumerate(placeholders[n_saved : n_saved + n_tangents])
     }
     for node in bw_module.graph.nodes:
         if node not in deps:
             deps[node] = frozenset().union(*(deps[a] for a in node.all_input_nodes))
+    grads = graph_outputs(bw_module)
     return tuple(
-        deps[o] if isinstance(o, torch.fx.Node) else frozenset() for o in graph_outputs(bw_module)
+        deps[o] if isinstance(o, torch.fx.Node) else frozenset()
+        for o in grads[: len(grads) - n_tokens]
     )
 
 
@@ -542,11 +553,15 @@ def _compile_training(
         )
         artifacts.native_skipped = joint.meta.get(NATIVE_FALLBACK_KEY, blocker)
         artifacts.native_functionalization = artifacts.native_skipped is None
-    _mark_runtime_mutated_primals(joint, meta, subclasses)
+    # See Note [Effect tokens]
+    meta = artifacts.meta = with_backward_tokens(meta, count_backward_tokens(joint))
+    n_tok, n_bw_tok = len(meta.tokens), meta.num_backward_tokens
+    _mark_runtime_mutated_primals(joint, meta, subclasses, n_tok)
     propagate_mutation_meta(joint.graph)  # See Note [Preserved node meta]
     log_joint(joint, single_pass=artifacts.single_pass)
     artifacts.joint_module = joint
-    n_fwd = meta.num_forward_returns
+    n_fwd = meta.num_forward_returns + n_tok
+    fw_example = list(joint_inputs[0]) if n_tok else fake
     if subclasses is not None:
         # See Note [Tensor subclasses are desugared] in aotkit_schemas
         n_fwd = subclasses.num_flat_forward_returns
@@ -558,7 +573,7 @@ def _compile_training(
     log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn))
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
     with track_graph_compiling(cfg, "forward"):
-        compiled_fw = cfg.fw_compiler(fw_module, fake)
+        compiled_fw = forward_with_tokens(cfg.fw_compiler(fw_module, fw_example), n_tok)
     with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
         bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode(fake) or FakeTensorMode()
@@ -568,7 +583,9 @@ def _compile_training(
         # Like torch, the backward is compiled at the first backward call, under the
         # forward's fake mode; the autograd.Function caches the result.
         with _tracing_context(fake_mode, symbolic), track_graph_compiling(cfg, "backward"):
-            compiled: Callable[..., Any] = cfg.bw_compiler(bw_module, bw_example)
+            compiled: Callable[..., Any] = backward_with_tokens(
+                cfg.bw_compiler(bw_module, bw_example), n_bw_tok
+            )
         if subclasses is not None:
             n_saved = partition.num_saved_symints + partition.num_saved_tensors
             return subclass_backward(
@@ -600,11 +617,12 @@ def _compile_training(
             bw_module,
             partition.num_saved_symints + partition.num_saved_tensors,
             len(meta.tangent_indices),
+            n_bw_tok,
         ),
-        plain_view_outputs=_plain_view_outputs(fw_module, meta),
+        plain_view_outputs=_plain_view_outputs(fw_module, meta, n_tok),
         stale_tangents=tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items())),
         static_tangent_like=_static_tangent_like(meta),
-        gradless_inputs=_gradless_inputs(bw_module, fake, meta),
+        gradless_inputs=_gradless_inputs(bw_module, fake, meta, n_bw_tok),
         backward_mutated_inputs=joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()),
     )
     run = make_autograd_function(compiled_fw, compile_backward, plan)
@@ -616,7 +634,7 @@ def _name(fn: Any) -> str:
 
 
 def _gradless_inputs(
-    bw_module: torch.fx.GraphModule, fake: Sequence[Any], meta: ViewAndMutationMeta
+    bw_module: torch.fx.GraphModule, fake: Sequence[Any], meta: ViewAndMutationMeta, n_tok: int = 0
 ) -> tuple[int, ...]:
     """Inputs that require grad but for which the backward graph returns None.
 
@@ -625,6 +643,7 @@ def _gradless_inputs(
     attached: the node must keep an input that requires grad for its outputs to.
     """
     grads = graph_outputs(bw_module)
+    grads = grads[: len(grads) - n_tok]
     if len(grads) != len(fake):
         return ()
     needs = [i for i, a in enumerate(fake) if isinstance(a, torch.Tensor) and a.requires_grad]
@@ -656,7 +675,10 @@ def _static_tangent_like(
 
 
 def _mark_runtime_mutated_primals(
-    joint: torch.fx.GraphModule, meta: ViewAndMutationMeta, subclasses: SubclassLayer | None
+    joint: torch.fx.GraphModule,
+    meta: ViewAndMutationMeta,
+    subclasses: SubclassLayer | None,
+    n_tokens: int = 0,
 ) -> None:
     """Tell the partitioner which primals the epilogue mutates after the forward (every
     inner tensor of a subclass input). See Note [Joint graph calling convention]."""
@@ -665,4 +687,4 @@ def _mark_runtime_mutated_primals(
         if meta.input_info[i].mutates_data:
             positions = subclasses.flat_positions(i) if subclasses is not None else (i,)
             for p in positions:
-                placeholders[p].meta[RUNTIME_MUTATED_INPUT_KEY] = True
+                placeholders[n_tokens + p].meta[RUNTIME_MUTATED_INPUT_KEY] = True

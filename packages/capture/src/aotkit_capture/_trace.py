@@ -42,6 +42,15 @@ from ._backward_mutations import (
     check_backward_mutations,
     mutation_counts,
 )
+from ._effects import (
+    backward_tokens,
+    begin_backward,
+    drop_unused_effect_results,
+    forward_tokens,
+    install_tokens,
+    num_tokens,
+    token_inputs,
+)
 from ._node_meta import backward_node_meta
 from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
@@ -113,23 +122,32 @@ def trace_inference(
     inputs and returns (See Note [Tensor subclasses are desugared] in aotkit_schemas).
     """
     in_graph = meta.mutated_inp_in_graph_indices
+    n_tokens = num_tokens(meta)
 
-    def inference(*args: Any) -> tuple[Any, ...]:
-        with functionalized(keep_input_mutations=meta.keep_input_mutations):
+    def inference(*token_args: Any) -> tuple[Any, ...]:
+        # See Note [Effect tokens]: ``(*tokens, *args) -> (*tokens, *forward returns)``
+        tokens, args = token_args[:n_tokens], token_args[n_tokens:]
+        with functionalized(keep_input_mutations=meta.keep_input_mutations) as mode:
+            install_tokens(mode, meta, [to_functional(t) for t in tokens])
             f_args = [to_functional(a) for a in args]
             returns, _ = _forward_returns(flat_fn, f_args, meta, for_autograd=False)
             plain = [from_functional(r) for r in returns]
             updates = [from_functional(f_args[i]) for i in in_graph]
+            out_tokens = [from_functional(t) for t in forward_tokens(mode, meta)]
         for i, new in zip(in_graph, updates, strict=True):
             apply_kept_mutation(args[i], new, meta.input_info[i])
-        return tuple(plain)
+        return (*out_tokens, *plain)
 
     # Traced under the caller's grad mode: a function that calls torch.autograd.grad
     # itself needs it, and nothing here differentiates the result.
     if subclasses is not None:
         desugared, flat_args = subclasses.desugar_forward(inference, fake_args)
         return make_fx(desugared, decomposition_table=decompositions)(*flat_args)
-    gm = make_fx(inference, decomposition_table=decompositions)(*fake_args)
+    gm = make_fx(inference, decomposition_table=decompositions)(
+        *token_inputs(meta), *fake_args
+    )
+    if n_tokens:
+        drop_unused_effect_results(gm)
     return gm
 
 
@@ -284,8 +302,16 @@ def _trace_joint(
     unwrap = from_native_functional if native else from_functional
 
     def joint(primals: list[Any], tangents: list[Any]) -> list[Any]:
-        ctx = natively_functionalized() if native else functionalized(keep_input_mutations=False)
-        with ctx:
+        # See Note [Effect tokens]: the forward's tokens are the leading primals; the
+        # backward discovers its own (``tangents_token``)
+        tokens, primals = primals[:n_tokens], primals[n_tokens:]
+        ctx = (
+            natively_functionalized()
+            if native
+            else functionalized(keep_input_mutations=False, allow_token_discovery=True)
+        )
+        with ctx as mode:
+            install_tokens(mode, meta, [wrap(t) for t in tokens])
             f_primals = [wrap(p) for p in primals]
             f_tangents = [wrap(t) for t in tangents]
             with torch.enable_grad():
@@ -302,6 +328,8 @@ def _trace_joint(
                 ]
                 if native:  # See Note [Detach nodes of saved outputs]
                     saved_outputs.watch([o for _, o, _ in outs_and_tangents])
+                fw_tokens = forward_tokens(mode, meta)
+                begin_backward(mode)
                 try:
                     grads, failed = primal_grads(outs_and_tangents, f_primals)
                 finally:
@@ -313,6 +341,8 @@ def _trace_joint(
             bw_updates = [unwrap(f_primals[i]) for i in bw_written]
             plain_returns = [unwrap(r) for r in returns]
             plain_grads = [unwrap(g) if g is not None else None for g in grads]
+            plain_tokens = [unwrap(t) for t in fw_tokens]
+            plain_bw_tokens = [unwrap(t) for t in backward_tokens(mode)]
         for i, new in zip(in_graph, kept_updates, strict=True):
             apply_kept_mutation(primals[i], new, meta.input_info[i])
         for i, new in zip(bw_written, bw_updates, strict=True):
@@ -321,14 +351,15 @@ def _trace_joint(
             last_graph_node().meta["partitioner_tag"] = BACKWARD_TAG
             if meta.input_info[i].requires_grad:
                 bw_mutated_requiring_grad.append(i)
-        return [*plain_returns, *plain_grads]
+        return [*plain_tokens, *plain_returns, *plain_grads, *plain_bw_tokens]
 
     in_graph = meta.mutated_inp_in_graph_indices
+    n_tokens = num_tokens(meta)
     forward_end: list[torch.fx.Node] = []
     bw_mutated_requiring_grad: list[int] = []
     stale_tangents: dict[int, str] = {}
     saved_outputs = SavedOutputRecorder()
-    primals = list(fake_args)
+    primals = [*token_inputs(meta), *fake_args]
     tangents = list(meta.traced_tangents)
     # The joint is read as a graph (partitioned), never run: its Python code is generated
     # only if someone asks for it (``gm.code``, a call).

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from torch._higher_order_ops.effects import has_effects
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Ops that only change size/stride/offset/storage: no data is written.
@@ -74,6 +75,8 @@ def needs_python_functionalization(func: Any) -> bool:
     C++ Functionalize key. See Note [Native functionalization]."""
     if not isinstance(func, torch._ops.OpOverload) or func.namespace not in _NATIVE_NAMESPACES:
         return True  # custom ops (auto_functionalize, effects), HOPs, TorchBind
+    if has_effects(func):
+        return True  # aten._print, aten._linalg_check_errors: threaded with effect tokens
     # the Python mode decomposes these with their Python kernel (e.g. native_batch_norm,
     # whose schema hides that it writes the running stats)
     return torch._C.DispatchKey.CompositeImplicitAutograd in func.py_kernels

@@ -19,8 +19,14 @@ from . import _bindings
 
 
 @contextlib.contextmanager
-def functionalized(*, keep_input_mutations: bool = False) -> Iterator[FunctionalTensorMode]:
+def functionalized(
+    *, keep_input_mutations: bool = False, allow_token_discovery: bool = False
+) -> Iterator[FunctionalTensorMode]:
     """Run the body under a fresh FunctionalTensorMode.
+
+    ``allow_token_discovery``: an effectful op with no token for its effect creates one
+    (the metadata pass, and a joint's backward); otherwise it raises. See Note [Effect
+    tokens] in aotkit_capture.
 
     The C++ Functionalize key is excluded above the mode so that only the Python mode
     functionalizes (the same arrangement make_fx tracing needs).
@@ -28,7 +34,10 @@ def functionalized(*, keep_input_mutations: bool = False) -> Iterator[Functional
     exclude = torch._C._ExcludeDispatchKeyGuard(
         torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
     )
-    mode = FunctionalTensorMode(_keep_input_mutations=keep_input_mutations)
+    mode = FunctionalTensorMode(
+        _allow_token_discovery=allow_token_discovery,
+        _keep_input_mutations=keep_input_mutations,
+    )
     with exclude, mode:
         yield mode
 

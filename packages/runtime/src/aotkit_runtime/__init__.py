@@ -4,6 +4,8 @@ from ._autograd_function import BACKWARD_MUTATION_CREATE_GRAPH as BACKWARD_MUTAT
 from ._autograd_function import AutogradPlan as AutogradPlan
 from ._autograd_function import make_autograd_function as make_autograd_function
 from ._call import as_list_caller as as_list_caller
+from ._effects import backward_with_tokens as backward_with_tokens
+from ._effects import forward_with_tokens as forward_with_tokens
 from ._epilogue import make_epilogue as make_epilogue
 from ._epilogue import needs_epilogue as needs_epilogue
 from ._subclass import ZeroTangent as ZeroTangent
@@ -22,7 +24,9 @@ __all__ = [
     "AutogradPlan",
     "ZeroTangent",
     "as_list_caller",
+    "backward_with_tokens",
     "create_subclass_metas",
+    "forward_with_tokens",
     "is_subclass",
     "make_autograd_function",
     "make_epilogue",

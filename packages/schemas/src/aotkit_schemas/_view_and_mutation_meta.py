@@ -27,7 +27,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +72,14 @@ class ViewAndMutationMeta:
     # when not native_functionalization_ok: the first op or input that needs the Python
     # mode (See Note [Why a graph took the path it took] in aotkit_capture)
     native_functionalization_blocker: str | None = None
+    # Map of effect type (``EffectType.ORDERED``) to the token the metadata pass threaded
+    # through the forward's effectful ops, in discovery order: one leading token input
+    # and one leading token output of the forward (or inference) graph per entry. Empty
+    # when the forward runs no effectful op. See Note [Effect tokens] in aotkit_capture.
+    tokens: Mapping[Any, Any] = field(default_factory=dict)
+    # Number of tokens the backward graph takes last and returns last (its effectful ops'
+    # own chains); known after the joint trace. See Note [Effect tokens].
+    num_backward_tokens: int = 0
 
     # ---- derived, filled in __post_init__ ----
     # indices of inputs whose mutation is applied by the runtime epilogue
