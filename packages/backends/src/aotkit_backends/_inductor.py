@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ._boxing import BoxedCallable
+from ._tokens import unlift_tokens
 
 _log = get_logger("compile")
 
@@ -127,6 +128,11 @@ def _compile(
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
 
+    # See Note [Unlifted tokens for Inductor]
+    unlifted = unlift_tokens(gm)
+    if unlifted is not None:
+        inner = _compile(unlifted.gm, unlifted.example_inputs(example_inputs), retrace=retrace)
+        return unlifted.lifted_call(inner)  # type: ignore[return-value]
     fake_mode, fake_inputs = _fakify(example_inputs)
     with _allow_non_fake_inputs(fake_mode):
         copied = None if retrace else _copy_if_flat(gm)
