@@ -24,6 +24,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ._compile import _as_inference, _metadata, _output_needs_grad, _tracing_context
+from ._effects import token_inputs
 from ._errors import explain_tracing_errors
 from ._export_pre_dispatch import trace_pre_dispatch
 from ._fakify import construct_fake_mode
@@ -54,6 +55,12 @@ SUBCLASS_MESSAGE = (
     "parameter's own conversion (DTensor.full_tensor(), dequantize()) first; aot_function, "
     "aot_module and torch.compile support subclasses.)"
 )
+EFFECTS_EXPORT_MESSAGE = (
+    "aotkit: effectful ops ({effects}) in a {kind} export are not supported: only the "
+    "inference graph of aot_export_module/aot_export_joint_simple threads effect tokens "
+    "(torch 2.15's joint export fails on them too). Export with trace_joint=False, or "
+    "move the effectful op out of the exported module. See Note [Effect tokens]."
+)
 FUNCTIONALIZED_RNG_MESSAGE = (
     "Functionalized RNG is not currently supported in the aot_export workflow. Set "
     "torch._functorch.config.functionalize_rng_ops = False to export."
@@ -65,7 +72,8 @@ class TracedGraphs:
     """The result of ``trace_for_export``."""
 
     meta: ViewAndMutationMeta
-    # fake versions of the flat inputs, in the same order (no dedupe, no synthetic bases)
+    # fake versions of the flat inputs, in the same order (no dedupe, no synthetic bases),
+    # after the effect tokens of an inference graph (See Note [Effect tokens])
     fake_args: list[Any]
     # ``joint(primals, tangents) -> (*forward_returns, *input_grads)`` when ``meta.is_train``
     # (See Note [Joint graph calling convention]), else ``inference(*args) -> forward returns``;
@@ -118,12 +126,21 @@ def trace_for_export(
         if not with_bases.is_trivial:
             members = sorted(m.user_index for g in with_bases.synthetic_bases for m in g.members)
             raise AOTExportError(ALIASED_MUTATED_INPUT_MESSAGE.format(indices=members))
+        if meta.tokens and (pre_dispatch or meta.is_train):
+            raise AOTExportError(
+                EFFECTS_EXPORT_MESSAGE.format(
+                    effects=", ".join(str(k) for k in meta.tokens),
+                    kind="pre-dispatch" if pre_dispatch else "joint",
+                )
+            )
         if pre_dispatch:
             graph = trace_pre_dispatch(traced_fn, fake, meta, cfg.decompositions)
         elif meta.is_train:
             graph, _ = trace_joint(traced_fn, fake, meta, cfg.decompositions)
         else:
             graph = trace_inference(traced_fn, fake, meta, cfg.decompositions)
+            # See Note [Effect tokens]: the exported graph takes the tokens first
+            fake = [*token_inputs(meta), *fake]
     return TracedGraphs(meta, fake, graph, fake_mode, symbolic)
 
 

@@ -60,6 +60,10 @@ def build_graph_signature(
     """
     inputs = graph_input_names(gm)
     outputs = graph_output_names(gm)
+    # See Note [Effect tokens] in aotkit_capture: the tokens lead the inputs and outputs
+    n_tokens = len(meta.tokens)
+    input_tokens, inputs = inputs[:n_tokens], inputs[n_tokens:]
+    output_tokens, outputs = outputs[:n_tokens], outputs[n_tokens:]
     n_params, n_buffers = len(param_names), len(buffer_names)
     n_pb = n_params + n_buffers
     fqns = [*param_names, *buffer_names]
@@ -119,6 +123,6 @@ def build_graph_signature(
         in_spec=in_spec,
         out_spec=out_spec,
         backward_signature=backward,
-        input_tokens=[],
-        output_tokens=[],
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
     )
