@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._higher_order_ops.effects import with_effects
 from torch._prims.rng_prims import run_and_save_rng_state
 
 _BACKWARD_PLACEHOLDER_PREFIXES = ("tangents", "bwd_seed", "bwd_base_offset")
@@ -69,6 +70,10 @@ def is_impure(node: torch.fx.Node, *, impure_random: bool) -> bool:
     if target is run_and_save_rng_state:
         # a draw, whatever fx says of higher-order ops. See Note [Functionalized RNG].
         return impure_random
+    if target is with_effects:
+        # an effectful op runs once per call, in its own graph: never recomputed (See
+        # Note [Effect tokens] in aotkit_capture)
+        return True
     if not isinstance(target, torch._ops.OpOverload):
         return bool(node.is_impure(impure_random=impure_random))
     key = (target, impure_random)
