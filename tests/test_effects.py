@@ -6,8 +6,8 @@ AOTAutograd: outputs, gradients, the side-effect log, graph text and export sign
 
 from __future__ import annotations
 
-import io
 import contextlib
+import io
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -132,7 +132,9 @@ def test_effectful_op_order_and_once_per_call(name: str, partitioner: str) -> No
     eager, eager_logs = _run(fn)
     assert eager_logs == [[*fw_log, "|", *bw_log]] * 2
     compiled = aot_function(
-        fn, nop, partition_fn=PARTITIONERS[partitioner]  # type: ignore[arg-type]
+        fn,
+        nop,
+        partition_fn=PARTITIONERS[partitioner],  # type: ignore[arg-type]
     )
     ours, our_logs = _run(compiled)
     torch_compiled = _torch_aot_function(fn, fw_compiler=_boxed, bw_compiler=_boxed)

@@ -23,6 +23,7 @@ from aotkit_functional import (
     is_multi_output_view,
     mutations_hidden_from_autograd,
     mutations_under_no_grad_or_inference_mode,
+    python_mode_reason,
     storage_ref,
     storage_was_changed,
     to_functional,
@@ -259,7 +260,7 @@ def collect_metadata(
 def _native_blocker(checks: EagerInplaceChecks, flat_args: Sequence[Any]) -> str | None:
     """Why the C++ Functionalize key cannot trace this program (None: it can)."""
     if not checks.native_functionalization_ok:
-        return f"{checks.python_mode_op} needs the Python functionalization mode"
+        return python_mode_reason(checks.python_mode_op)
     for a in flat_args:
         if isinstance(a, torch.Tensor) and type(a) not in _NATIVE_INPUT_TYPES:
             return f"an input is a {type(a).__name__}"

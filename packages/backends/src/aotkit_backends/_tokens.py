@@ -34,13 +34,14 @@ def _is_effects(node: Any) -> bool:
 
 
 def _is_token_output(node: Any) -> bool:
-    return (
+    if not (
         isinstance(node, torch.fx.Node)
         and node.op == "call_function"
         and node.target is operator.getitem
-        and node.args[1] == 0
-        and _is_effects(node.args[0])
-    )
+    ):
+        return False
+    index = node.args[1]
+    return isinstance(index, int) and index == 0 and _is_effects(node.args[0])
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from aotkit_functional import (
     mutation_count,
     natively_functionalized,
     needs_python_functionalization,
+    python_mode_reason,
     storage_ref,
     to_native_functional,
 )
@@ -110,7 +111,7 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         if needs_python_functionalization(func):
-            raise NotSinglePass(f"{func} needs the Python functionalization mode")
+            raise NotSinglePass(python_mode_reason(func))
         return func(*args, **(kwargs or {}))
 
 
@@ -368,8 +369,12 @@ def trace_single_pass(
         # a function that switched grad mode off and was abandoned must not leave it off
         torch.set_grad_enabled(True)
     # the kept input mutations' copy_ nodes end the joint (the Python mode makes the same)
-    if any(needs_python_mode(n) for n in list(gm.graph.nodes)[: found["kept_nodes_start"]]):
-        raise NotSinglePass("the traced graph keeps an op the Python mode rewrites")
+    kept = next(
+        (n for n in list(gm.graph.nodes)[: found["kept_nodes_start"]] if needs_python_mode(n)),
+        None,
+    )
+    if kept is not None:  # an effectful op in a custom backward, for one
+        raise NotSinglePass(f"the traced graph keeps {kept.target}, which the Python mode rewrites")
     replay_rng_inplace(gm)  # See Note [RNG replay keys]
     tangents: list[torch.Tensor] = found["tangents"]
     # See Note [Forward and backward tags]

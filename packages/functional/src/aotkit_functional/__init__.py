@@ -7,6 +7,7 @@ from ._eager_checks import has_internal_overlap as has_internal_overlap
 from ._eager_checks import (
     needs_python_functionalization as needs_python_functionalization,
 )
+from ._eager_checks import python_mode_reason as python_mode_reason
 from ._graph_checks import assert_functional_graph as assert_functional_graph
 from ._graph_checks import mutable_ops_in_graph as mutable_ops_in_graph
 from ._wrap import from_functional as from_functional
@@ -49,6 +50,7 @@ __all__ = [
     "mutations_under_no_grad_or_inference_mode",
     "natively_functionalized",
     "needs_python_functionalization",
+    "python_mode_reason",
     "regenerate_alias",
     "storage_ref",
     "storage_was_changed",

@@ -82,6 +82,14 @@ def needs_python_functionalization(func: Any) -> bool:
     return torch._C.DispatchKey.CompositeImplicitAutograd in func.py_kernels
 
 
+def python_mode_reason(func: Any) -> str:
+    """Why ``func`` keeps a program off the native paths, in one phrase (See Note [Why a
+    graph took the path it took] in aotkit_capture)."""
+    if isinstance(func, torch._ops.OpOverload) and has_effects(func):
+        return f"{func} is effectful (effect tokens need the Python functionalization mode)"
+    return f"{func} needs the Python functionalization mode"
+
+
 def has_internal_overlap(t: torch.Tensor) -> bool:
     """Eager's ``has_internal_overlap(t) == MemOverlap::Yes``: a dimension of size > 1
     with stride 0."""

@@ -20,9 +20,7 @@ def _boxed(fn: Callable[[list[Any]], Sequence[Any]]) -> Callable[[list[Any]], Se
     return fn
 
 
-def forward_with_tokens(
-    compiled: Callable[..., Any], num_tokens: int
-) -> Callable[..., Any]:
+def forward_with_tokens(compiled: Callable[..., Any], num_tokens: int) -> Callable[..., Any]:
     """``compiled`` called as a token-free forward: ``(*args) -> (*returns)`` (boxed)."""
     if num_tokens == 0:
         return compiled
@@ -36,9 +34,7 @@ def forward_with_tokens(
     return _boxed(run)
 
 
-def backward_with_tokens(
-    compiled: Callable[..., Any], num_tokens: int
-) -> Callable[..., Any]:
+def backward_with_tokens(compiled: Callable[..., Any], num_tokens: int) -> Callable[..., Any]:
     """``compiled`` called as a token-free backward: ``(*saved, *tangents) -> (*grads)``
     (boxed)."""
     if num_tokens == 0:
