@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 import torch
-from aotkit import aot_export_joint_simple, aot_export_module, aot_function, make_boxed_func, nop
+from aotkit import (
+    aot_export_joint_simple,
+    aot_export_module,
+    aot_function,
+    aot_module,
+    make_boxed_func,
+    nop,
+)
 from aotkit_backends import inductor_available, inductor_compiler
 from aotkit_backends._tokens import unlift_tokens
 from aotkit_capture import AOTExportError, record_compilations
@@ -45,6 +52,22 @@ _log.register_autograd(lambda ctx, g: (g * 3, None))
 _HANDLE = _register_effectful_op(torch.ops.aotkit_effects_test.log.default, _EffectType.ORDERED)
 
 
+@torch.library.custom_op("aotkit_effects_test::tick", mutates_args=())
+def _tick(x: torch.Tensor) -> torch.Tensor:
+    LOG.append("tick")
+    return x + 1
+
+
+@_tick.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+_tick.register_autograd(lambda ctx, g: g)
+# a custom op marked effectful through its own API (same effect type: one chain with log)
+_tick.register_effect(EffectType.ORDERED)
+
+
 def log(x: torch.Tensor, tag: str) -> torch.Tensor:
     out: torch.Tensor = torch.ops.aotkit_effects_test.log(x, tag)
     return out
@@ -73,9 +96,18 @@ def logged_backward(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return LoggedBackward.apply(a.sin()).cos()
 
 
+def interleaved(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    a = torch.ops.aotkit_effects_test.tick(x)
+    b = log(w, "w")  # independent of ``a``: only the token orders the two
+    c = torch.ops.aotkit_effects_test.tick(b)
+    torch.ops.aten._print("interleaved")
+    return (a @ c).sum(1)
+
+
 FUNCTIONS: dict[str, tuple[Callable[..., torch.Tensor], list[str], list[str]]] = {
     # name: (function, forward log, backward log)
     "two_logs": (two_logs, ["a", "b"], []),
+    "interleaved": (interleaved, ["tick", "w", "tick"], []),
     "logged_backward": (logged_backward, ["a", "fw"], ["bw"]),
 }
 
@@ -353,8 +385,18 @@ def test_export_joint_simple_as_torch() -> None:
 
 def test_joint_export_with_effects_raises() -> None:
     # torch 2.15 fails here too (an IndexError in its joint re-trace)
-    with pytest.raises(AOTExportError, match="effectful ops"):
+    with pytest.raises(AOTExportError, match="effectful ops .* in a joint export"):
         aot_export_module(Logged(), (torch.randn(2, 3),), trace_joint=True, output_loss_index=0)
+    with pytest.raises(AOTExportError, match="effectful ops .* in a pre-dispatch export"):
+        aot_export_module(Logged(), (torch.randn(2, 3),), trace_joint=False, pre_dispatch=True)
+
+
+def test_subclass_program_with_effects_raises() -> None:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    x = TwoTensor(torch.randn(3), torch.randn(3)).requires_grad_(True)
+    with pytest.raises(NotImplementedError, match="effectful ops .* tensor subclass"):
+        aot_function(lambda t: log(t.sin(), "s"), nop)(x)
 
 
 @contextlib.contextmanager
@@ -387,3 +429,47 @@ def test_linalg_error_raises_as_eager() -> None:
     with pytest.raises(torch.linalg.LinAlgError) as ours:
         aot_function(torch.linalg.cholesky, nop)(bad)
     assert str(ours.value) == str(eager.value)
+
+
+def test_effect_in_checkpoint_recomputes_as_eager() -> None:
+    """Eager's non-reentrant checkpoint runs its region again in the backward, effects
+    included; aot_function's joint traces that recomputation, so the effect runs in the
+    forward and again in the backward, as in eager. (torch's aot_function and every
+    torch.compile backend run it once: the partitioner never recomputes ``with_effects``.)
+    """
+    import torch.utils.checkpoint as cp
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return cp.checkpoint(lambda y: log(y.sin(), "ck").cos(), x, use_reentrant=False).sum()
+
+    logs = []
+    grads = []
+    for fn in (f, aot_function(f, nop)):
+        x = torch.randn(3, generator=torch.Generator().manual_seed(1), requires_grad=True)
+        LOG.clear()
+        out = fn(x)
+        fw_log = list(LOG)
+        out.backward()
+        logs.append((fw_log, list(LOG)))
+        grads.append(x.grad)
+    assert logs[0] == logs[1] == (["ck"], ["ck", "ck"])
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_aot_module_with_buffer_mutation() -> None:
+    """Effects next to a buffer mutation (the epilogue's copy) through aot_module."""
+    torch.manual_seed(0)
+    eager_mod = Logged()
+    ours_mod = Logged()
+    ours_mod.load_state_dict(eager_mod.state_dict())
+    compiled = aot_module(ours_mod, nop)
+    x = torch.randn(2, 3)
+    for _ in range(2):
+        for fn in (eager_mod, compiled):
+            LOG.clear()
+            (loss,) = fn(x)
+            loss.backward()
+            assert LOG == ["m"]
+        torch.testing.assert_close(ours_mod.count, eager_mod.count)
+        for p, q in zip(ours_mod.parameters(), eager_mod.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, q.grad)

@@ -275,10 +275,12 @@ def register_dynamo_backends() -> list[str]:
     ``torch_dynamo_backends`` entry points on first use (See Note [Import cost]). Safe to
     call more than once: later calls do nothing.
     """
-    from torch._dynamo.backends.registry import register_backend  # See Note [Import cost]
+    from torch._dynamo.backends import registry  # See Note [Import cost]
 
     for name, backend in _BACKENDS.items():
-        if name not in _REGISTERED:
-            register_backend(compiler_fn=backend, name=name)
-            _REGISTERED.add(name)
+        # dynamo may have loaded it through the entry point already (a torch.compile call
+        # with the backend's name came first); registering it again would raise
+        if name not in _REGISTERED and name not in registry._COMPILER_FNS:
+            registry.register_backend(compiler_fn=backend, name=name)
+        _REGISTERED.add(name)
     return list(_BACKENDS)
