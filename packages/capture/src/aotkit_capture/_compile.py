@@ -480,7 +480,6 @@ def _compile_training(
     log_joint(joint, single_pass=artifacts.single_pass)
     artifacts.joint_module = joint
     n_fwd = meta.num_forward_returns + n_tok
-    fw_example = list(joint_inputs[0]) if n_tok else fake
     if subclasses is not None:
         # See Note [Tensor subclasses are desugared] in aotkit_schemas
         n_fwd = subclasses.num_flat_forward_returns
@@ -492,6 +491,7 @@ def _compile_training(
     log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn))
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
     with track_graph_compiling(cfg, "forward"):
+        fw_example = list(joint_inputs[0]) if n_tok else fake  # the tokens lead
         compiled_fw = forward_with_tokens(cfg.fw_compiler(fw_module, fw_example), n_tok)
     with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
         bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
