@@ -23,6 +23,12 @@
 #   * every intermediate base.
 # ``tangent_indices`` below lists, for each tangent, its position among the forward outputs
 # that precede the saved values.
+#
+# A program with effectful ops adds effect tokens around all of this: the forward takes
+# ``len(tokens)`` token inputs first and returns the tokens first, and the backward takes
+# ``num_backward_tokens`` tokens after the tangents and returns them after the gradients.
+# The runtime hides them (See Note [Effect tokens] in aotkit_capture), so positions above
+# are counted without them.
 """
 
 from __future__ import annotations
