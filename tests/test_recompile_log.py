@@ -9,12 +9,11 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import aotkit
 import pytest
 import torch
 from aotkit_frontends._recompile import explain_key_change
 from aotkit_schemas import set_logs
-
-import aotkit
 
 
 @pytest.fixture

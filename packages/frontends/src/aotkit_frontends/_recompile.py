@@ -132,7 +132,7 @@ def explain_guard_failures(
     for expr in failed:
         values: dict[str, Any] = {}
 
-        def term(m: re.Match[str]) -> str:
+        def term(m: re.Match[str], values: dict[str, Any] = values) -> str:
             if m.group(1) is not None:
                 k, what, dim = int(m.group(1)), m.group(2), int(m.group(3))
                 name = f"input{positions[k]}.{what}({dim})"
