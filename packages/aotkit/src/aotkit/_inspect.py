@@ -8,18 +8,27 @@
 # split is summarised with ``aotkit_partitioners.partition_report`` (the report the
 # ``partition`` logger prints). A function whose inputs need no gradient is traced for
 # inference only: there is no joint graph and no partition to show.
+#
+# A module's forward nodes carry ``nn_module_stack`` as under dynamo: while it is traced,
+# global forward hooks put the running submodule's path into fx's current node meta, which
+# make_fx copies onto each node it records (``fx.traceback.preserve_node_meta``). Backward
+# nodes are recorded by autograd, outside any module: ``module_of`` gives each the module
+# of its first input that has one (a gradient formula reads the saved values of the
+# forward op it differentiates), which is what the partition picture aggregates by.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import torch
 import torch.fx
+import torch.fx.traceback as fx_traceback
 import torch.nn as nn
 from aotkit_backends import nop
 from aotkit_frontends import aot_function, aot_module
@@ -53,6 +62,8 @@ class Capture:
     joint_inputs: Sequence[Any]
     num_fwd_outputs: int
     inference: torch.fx.GraphModule | None
+    # names of the parameters and buffers, in primals order (modules only)
+    state_names: tuple[str, ...] = ()
     outcomes: dict[str, PartitionOutcome] = field(default_factory=dict)
 
     def partition(self, name: str, partitioner: Callable[..., Any] | None = None) -> PartitionOutcome:
@@ -74,6 +85,77 @@ class Capture:
         return outcome
 
 
+@contextlib.contextmanager
+def _record_module_stack(root: nn.Module) -> Iterator[None]:
+    """Put each running submodule of ``root`` on fx's current ``nn_module_stack``. See
+    Note [Inspecting a compilation]."""
+    paths = {id(m): (name, type(m).__qualname__) for name, m in root.named_modules()}
+    stack: list[tuple[str, str]] = []
+
+    def publish() -> None:
+        fx_traceback.current_meta["nn_module_stack"] = {
+            path or "L__self__": (path, typ) for path, typ in stack
+        }
+
+    def pre(module: nn.Module, args: Any) -> None:
+        entry = paths.get(id(module))
+        if entry is not None:
+            stack.append(entry)
+            publish()
+
+    def post(module: nn.Module, args: Any, output: Any) -> None:
+        if id(module) in paths and stack:
+            stack.pop()
+            publish()
+
+    from torch.nn.modules.module import (
+        register_module_forward_hook,
+        register_module_forward_pre_hook,
+    )
+
+    handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+    try:
+        with fx_traceback.preserve_node_meta():
+            yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def module_of(joint: torch.fx.GraphModule, state_names: Sequence[str] = ()) -> dict[str, str]:
+    """The innermost module path of each node of the joint graph (``""`` for none).
+
+    Forward nodes read their ``nn_module_stack``. A backward node is attributed, in this
+    order, to the module owning a parameter it reads (``state_names[i]`` is the name of
+    ``primals_{i+1}``), to the last module that consumed a forward value it reads (the
+    gradient of an op reads that op's inputs), or to the module of its first backward input.
+    See Note [Inspecting a compilation]."""
+    found: dict[str, str] = {}
+    order: dict[str, int] = {}
+    consumer: dict[str, str] = {}
+    for i, node in enumerate(joint.graph.nodes):
+        order[node.name] = i
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            found[node.name] = path = list(stack.values())[-1][0]
+            for arg in node.all_input_nodes:
+                consumer[arg.name] = path  # the last forward consumer wins
+    owners = {
+        f"primals_{i + 1}": name.rpartition(".")[0] for i, name in enumerate(state_names)
+    }
+    for node in joint.graph.nodes:
+        if node.name in found:
+            continue
+        inputs = node.all_input_nodes
+        label = next((owners[a.name] for a in inputs if a.name in owners), None)
+        if label is None:
+            label = next((consumer[a.name] for a in inputs if a.name in consumer), None)
+        if label is None:
+            label = next((found[a.name] for a in inputs if found.get(a.name)), "")
+        found[node.name] = label
+    return found
+
+
 def capture(fn_or_module: Callable[..., Any], *args: Any) -> Capture:
     """Compile ``fn_or_module(*args)`` once and keep its graphs. See Note [Inspecting a
     compilation]."""
@@ -88,13 +170,22 @@ def capture(fn_or_module: Callable[..., Any], *args: Any) -> Capture:
         )
         return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 
+    state_names: tuple[str, ...] = ()
     if isinstance(fn_or_module, nn.Module):
+        state_names = tuple(
+            [n for n, _ in fn_or_module.named_parameters(remove_duplicate=False)]
+            + [n for n, _ in fn_or_module.named_buffers(remove_duplicate=False)]
+        )
         compiled: Any = aot_module(fn_or_module, nop, partition_fn=recorder)
         cache = compiled._compiled._aotkit_cache
     else:
         compiled = aot_function(fn_or_module, nop, partition_fn=recorder)
         cache = compiled._aotkit_cache
-    with torch.enable_grad():
+    recording = (
+        _record_module_stack(fn_or_module) if isinstance(fn_or_module, nn.Module)
+        else contextlib.nullcontext()
+    )
+    with torch.enable_grad(), recording:
         compiled(*args)
     artifacts = cache.artifacts[-1]
     return Capture(
@@ -103,6 +194,7 @@ def capture(fn_or_module: Callable[..., Any], *args: Any) -> Capture:
         joint_inputs=recorded.get("inputs", ()),
         num_fwd_outputs=recorded.get("n", 0),
         inference=artifacts.inference_module,
+        state_names=state_names,
     )
 
 
