@@ -128,13 +128,13 @@ def module_of(joint: torch.fx.GraphModule, state_names: Sequence[str] = ()) -> d
     Forward nodes read their ``nn_module_stack``. A backward node is attributed, in this
     order, to the module owning a parameter it reads (``state_names[i]`` is the name of
     ``primals_{i+1}``), to the last module that consumed a forward value it reads (the
-    gradient of an op reads that op's inputs), or to the module of its first backward input.
+    gradient of an op reads that op's inputs), to the module of its most recent input so
+    attributed, or else to the module of its most recent input.
     See Note [Inspecting a compilation]."""
     found: dict[str, str] = {}
-    order: dict[str, int] = {}
     consumer: dict[str, str] = {}
-    for i, node in enumerate(joint.graph.nodes):
-        order[node.name] = i
+    order = {node.name: i for i, node in enumerate(joint.graph.nodes)}
+    for node in joint.graph.nodes:
         stack = node.meta.get("nn_module_stack")
         if stack:
             found[node.name] = path = list(stack.values())[-1][0]
@@ -143,6 +143,8 @@ def module_of(joint: torch.fx.GraphModule, state_names: Sequence[str] = ()) -> d
     owners = {
         f"primals_{i + 1}": name.rpartition(".")[0] for i, name in enumerate(state_names)
     }
+    # anchored: labelled from the forward or a parameter, not only from gradient flow
+    anchored = set(found)
     for node in joint.graph.nodes:
         if node.name in found:
             continue
@@ -150,8 +152,14 @@ def module_of(joint: torch.fx.GraphModule, state_names: Sequence[str] = ()) -> d
         label = next((owners[a.name] for a in inputs if a.name in owners), None)
         if label is None:
             label = next((consumer[a.name] for a in inputs if a.name in consumer), None)
+        # the most recently computed input first: gradients flow forward in time
+        recent = sorted(inputs, key=lambda a: order[a.name], reverse=True)
         if label is None:
-            label = next((found[a.name] for a in inputs if found.get(a.name)), "")
+            label = next((found[a.name] for a in recent if a.name in anchored), None)
+        if label is not None:
+            anchored.add(node.name)
+        else:
+            label = next((found[a.name] for a in recent if found.get(a.name)), "")
         found[node.name] = label
     return found
 
