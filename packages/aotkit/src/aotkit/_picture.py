@@ -62,7 +62,9 @@ def _absorb_short(runs: list[tuple[int, int, str]], min_len: int) -> list[tuple[
     """Runs shorter than ``min_len`` join the run before them; equal neighbours merge."""
     out: list[tuple[int, int, str]] = []
     for start, stop, lab in runs:
-        if out and (stop - start < min_len or out[-1][2] == lab):
+        if out and out[-1][2] == lab:
+            out[-1] = (out[-1][0], stop, lab)
+        elif out and stop - start < min_len:
             out[-1] = (out[-1][0], stop, out[-1][2])
         else:
             out.append((start, stop, lab))
@@ -71,13 +73,15 @@ def _absorb_short(runs: list[tuple[int, int, str]], min_len: int) -> list[tuple[
 
 def _segments(labels: Sequence[str], max_segments: int) -> list[tuple[int, int, str]]:
     """Runs ``(start, stop, label)`` of equal labels at the deepest module depth that gives
-    at most ``max_segments`` runs, once runs too short to see are absorbed (an empty label
-    continues the run before it)."""
+    at most ``max_segments`` runs, once runs too short to see (at most a tenth of the nodes)
+    are absorbed into their neighbours; an empty label continues the run before it."""
     depth = max((lab.count(".") + 1 for lab in labels if lab), default=0)
     min_len = max(1, len(labels) // 150)
     while True:
-        runs = _absorb_short(_runs(labels, depth), min_len)
-        if len(runs) <= max_segments or depth <= 1:
+        raw = _runs(labels, depth)
+        runs = _absorb_short(raw, min_len)
+        absorbed = sum(b - a for a, b, _ in raw if b - a < min_len)
+        if (len(runs) <= max_segments and absorbed <= len(labels) // 10) or depth <= 1:
             return runs
         depth -= 1
 
@@ -101,14 +105,34 @@ def _liveness(
         if node.op == "placeholder":
             ends = [at[u.name] for u in node.users if u.op != "output"]
             last_use[node.name] = max(ends) if ends else n - 1
+    made = forward_positions(outcome, position, n_fw)
     inputs, activations = [], []
     for name, size in outcome.report.saved_tensors:
         stop = last_use.get(name, n - 1) + 1
-        if name in position:
-            activations.append((position[name], stop, size))
+        if name in made:
+            activations.append((made[name], stop, size))
         else:
             inputs.append((0, stop, size))
     return inputs, activations
+
+
+def forward_positions(
+    outcome: PartitionOutcome, position: dict[str, int], n_fw: int
+) -> dict[str, int]:
+    """Where each node of the partitioned forward runs on the joint's time axis: its joint
+    position, or for a node the joint has in its backward (work the partitioner moved into
+    the forward, e.g. a transposed weight) the position of the forward node before it."""
+    assert outcome.fw_module is not None
+    made: dict[str, int] = {}
+    last = 0
+    for node in outcome.fw_module.graph.nodes:
+        if node.op != "call_function":
+            continue
+        p = position.get(node.name)
+        if p is not None and p < n_fw:
+            last = p
+        made[node.name] = last
+    return made
 
 
 def _alive(intervals: Sequence[tuple[int, int, int]], n: int) -> list[float]:
@@ -166,7 +190,8 @@ def draw_partition(
     position = {nd.name: i for i, nd in enumerate(nodes)}
     n_fw = _forward_length(nodes, outcome.fw_module)
     report = outcome.report
-    saved_at = [position[s] for s, _ in report.saved_tensors if s in position]
+    made = forward_positions(outcome, position, n_fw)
+    saved_at = [made[s] for s, _ in report.saved_tensors if s in made]
     recomputed_at = [position[r] for r in report.recomputed_node_names if r in position]
 
     fig, (top, bottom) = plt.subplots(
