@@ -9,10 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import aotkit
 import pytest
 import torch
-
-import aotkit
 from aotkit._cli import main
 from aotkit._compare import pareto_front
 from aotkit._inspect import PartitionOutcome

@@ -26,20 +26,46 @@ BUDGETS: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0)
 
 
 def pareto_front(outcomes: Sequence[PartitionOutcome]) -> list[PartitionOutcome]:
-    """The outcomes no other outcome beats on both saved bytes and recompute FLOPs (ties
-    keep the first), by increasing saved bytes."""
-    done = [o for o in outcomes if o.report is not None]
-    front: list[PartitionOutcome] = []
-    seen: set[tuple[int, int]] = set()
-    for o in sorted(done, key=lambda o: (o.report.saved_bytes, o.report.recompute_flops)):  # type: ignore[union-attr]
-        assert o.report is not None
-        point = (o.report.saved_bytes, o.report.recompute_flops)
-        if point in seen:
-            continue
-        if all(point[1] < f.report.recompute_flops for f in front if f.report is not None):
-            front.append(o)
-        seen.add(point)
-    return front
+    """The outcomes no other outcome beats, that is saves no more bytes and recomputes no
+    more FLOPs while doing strictly better on one (ties are all kept), by increasing saved
+    bytes."""
+    points = [
+        (o, o.report.saved_bytes, o.report.recompute_flops)
+        for o in outcomes if o.report is not None
+    ]
+
+    def beaten(b: int, f: int) -> bool:
+        return any(b2 <= b and f2 <= f and (b2, f2) != (b, f) for _, b2, f2 in points)
+
+    front = [(o, b, f) for o, b, f in points if not beaten(b, f)]
+    return [o for o, _, _ in sorted(front, key=lambda t: (t[1], t[2]))]
+
+
+def _label_groups(
+    names: Sequence[str], xs: Sequence[float], ys: Sequence[float]
+) -> list[tuple[float, float, str]]:
+    """One label per cluster of points closer than 15% of the x range and 5% of the y
+    range (a label is wide); sweep points are named by their budget only."""
+    dx = (max(xs) - min(xs)) or 1.0
+    dy = (max(ys) - min(ys)) or 1.0
+    order = sorted(range(len(names)), key=lambda i: (ys[i], xs[i]))
+    groups: list[list[int]] = []
+    for i in order:
+        for g in groups:
+            j = g[-1]
+            if abs(xs[i] - xs[j]) < 0.15 * dx and abs(ys[i] - ys[j]) < 0.05 * dy:
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    labels = []
+    for g in groups:
+        sweep = sorted((names[i][len("memory_budget("):-1] for i in g
+                        if names[i].startswith("memory_budget(")), key=float)
+        named = [names[i] for i in g if not names[i].startswith("memory_budget(")]
+        parts = named + ([f"budget {', '.join(sweep)}"] if sweep else [])
+        labels.append((xs[g[0]], ys[g[0]], "\n".join(parts)))
+    return labels
 
 
 def run_all(cap: Capture, budgets: Sequence[float] = BUDGETS) -> list[PartitionOutcome]:
@@ -80,12 +106,9 @@ def draw_pareto(
     fx = [o.report.saved_bytes / 2**20 for o in front]  # type: ignore[union-attr]
     fy = [o.report.recompute_flops for o in front]  # type: ignore[union-attr]
     ax.step(fx, fy, where="post", color="#2CA02C", lw=2, label="Pareto front", zorder=2)
-    placed: dict[tuple[float, float], int] = {}
-    for o, m, f in zip(done, mib, flops, strict=True):
-        k = placed.get((round(m, 4), f), 0)
-        placed[(round(m, 4), f)] = k + 1
-        ax.annotate(o.name, (m, f), textcoords="offset points", xytext=(6, 4 + 11 * k),
-                    fontsize=8)
+    for x, y, text in _label_groups([o.name for o in done], mib, [float(f) for f in flops]):
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(7, 5), fontsize=8,
+                    va="bottom")
     ax.set_xlabel("saved for backward (MiB)")
     ax.set_ylabel("recomputed in backward (FLOPs)")
     ax.set_title(title)

@@ -59,7 +59,7 @@ def add_demo(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def _progress(steps: int, desc: str) -> Any:
-    from tqdm import tqdm
+    from tqdm import tqdm  # type: ignore[import-untyped]
 
     return tqdm(range(steps), desc=desc, unit="step", file=sys.stderr, leave=True,
                 dynamic_ncols=True, mininterval=0.5)
