@@ -46,6 +46,9 @@ from aotkit_schemas import ViewAndMutationMeta as ViewAndMutationMeta
 from aotkit_schemas import functionalize_rng as functionalize_rng
 from aotkit_schemas import set_functionalize_rng as set_functionalize_rng
 
+from ._compare import compare as compare
+from ._inspect import inspect as inspect
+
 __version__ = "0.1.0"
 
 # dynamo finds aotkit's backends through entry points; register them at once only when
@@ -71,6 +74,7 @@ __all__ = [
     "aot_module",
     "aot_module_simplified",
     "available_partitioners",
+    "compare",
     "compiled_function",
     "compiled_module",
     "default_partition",
@@ -80,6 +84,7 @@ __all__ = [
     "get_graph_being_compiled",
     "get_partitioner",
     "inductor_compiler",
+    "inspect",
     "make_boxed_compiler",
     "make_boxed_func",
     "mem_efficient_fusion_kwargs",

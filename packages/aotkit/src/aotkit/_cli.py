@@ -1,11 +1,12 @@
-"""The ``aotkit`` command."""
+"""The ``aotkit`` command: each subcommand registers itself from its own module."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 
-from ._demo import run_demo
+from ._commands import add_compare, add_inspect
+from ._demo import add_demo
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -13,15 +14,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="aotkit", description="Ahead-of-time autograd for PyTorch."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser(
-        "demo", help="train a small MLP eagerly and through aot_module and compare"
-    )
-    demo.add_argument("--steps", type=int, default=20, help="training steps (default 20)")
+    add_demo(sub)
+    add_inspect(sub)
+    add_compare(sub)
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        return run_demo(steps=args.steps)
-    parser.error(f"unknown command {args.command}")
-    return 2
+    code: int = args.run(args)
+    return code
 
 
 if __name__ == "__main__":

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -20,8 +19,8 @@ from aotkit_schemas import AOTConfig
 
 from ._guards import input_key
 from ._outputs import OutputLayout, flatten_function
+from ._recompile import log_recompile
 
-log = logging.getLogger(__name__)
 _AOT_COUNTER = itertools.count()
 # argument types that torch's pytree treats as leaves (None is not: it is an empty node)
 _FLAT_LEAF_TYPES = (torch.Tensor, int, float, bool, str)
@@ -129,14 +128,10 @@ class CompiledCache:
             guard = entry[2].guard
             if guard is None or guard(flat_args):
                 return entry
-        if candidates and log.isEnabledFor(logging.INFO):
-            guard = candidates[-1][2].guard
-            failed = guard.failures(flat_args) if guard is not None else []
-            log.info(
-                "aotkit: retracing %s for new input sizes (entry %d for this key); "
-                "the newest entry's failed shape guards: %s",
-                getattr(self.fn, "__qualname__", self.fn), len(candidates) + 1, failed,
-            )
+        log_recompile(
+            self.fn, self.last_key, key, candidates[-1][2].guard if candidates else None,
+            flat_args, len(self.entries),
+        )
         entry = self._compile(flat_args, in_spec)
         candidates.append(entry)
         self.entries.append(entry)

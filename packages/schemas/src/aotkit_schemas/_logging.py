@@ -22,7 +22,8 @@
 # their stage's level: ``+capture`` does not print every graph, ``graphs`` does.
 #
 # ``TORCH_LOGS=aot_graphs`` / ``aot_joint_graph`` (or ``torch._logging.set_logs``) also turn
-# on ``graphs`` / ``joint`` while aotkit compiles: see ``artifact_enabled``.
+# on ``graphs`` / ``joint`` while aotkit compiles, and ``TORCH_LOGS=recompiles`` turns on
+# ``recompiles``: see ``artifact_enabled``.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ ARTIFACTS: dict[str, str] = {
     "cache": "aotkit.cache",
 }
 # the torch artifact that also turns on an aotkit artifact
-TORCH_ARTIFACTS: dict[str, str] = {"graphs": "aot_graphs", "joint": "aot_joint_graph"}
+TORCH_ARTIFACTS: dict[str, str] = {
+    "graphs": "aot_graphs", "joint": "aot_joint_graph", "recompiles": "recompiles"
+}
 # artifacts whose logger is not a stage logger: they never inherit a stage's level
 _LEAF_ARTIFACTS = ("graphs", "joint", "recompiles")
 

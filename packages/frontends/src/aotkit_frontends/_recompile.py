@@ -1,0 +1,182 @@
+"""Why a call compiled again, in words: a part-by-part diff of two cache keys.
+
+# Note [Recompile reasons]
+# When a call misses every compiled entry (Note [Compile cache keys]), the ``recompiles``
+# logger (``AOTKIT_LOGS=recompiles`` or ``TORCH_LOGS=recompiles``) says why, as torch's
+# dynamo does for its own guards:
+#     input 1: requires_grad changed from False to True
+#     grad mode changed from enabled to disabled
+#     shape guard failed: 2 <= input0.size(0) <= 8 (input0.size(0) = 16)
+# The explanation is computed only on a miss that follows an earlier compilation, and only
+# when the logger is on: a cache hit pays nothing. It is generic: a key is ``(in_spec,
+# parts)`` and the parts are compared one by one. Parts before the per-input parts are
+# ambient state (grad mode first, then whatever else the key holds), the per-input parts
+# follow in flat-input order, and the aliasing pattern comes last when there are two or
+# more inputs. A part this module has no words for is shown as ``old -> new``, so a new
+# kind of key part is reported without changes here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from aotkit_schemas import artifact_enabled, log_artifact
+
+# field names of a per-input tensor part, by its length (see input_key in _guards)
+_TENSOR_FIELDS: dict[int, tuple[str, ...]] = {
+    7: ("dtype", "device", "layout", "sizes", "strides", "requires_grad", "storage_offset"),
+    5: ("dtype", "device", "layout", "ndim", "requires_grad"),
+}
+# words for ambient parts, by position from the start of the key
+_AMBIENT_NAMES: dict[int, str] = {0: "grad mode"}
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, torch.Size):
+        return str(tuple(value))
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], type):
+        return repr(value[1])  # a baked-in constant: (type, value)
+    if isinstance(value, type):
+        return value.__name__
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+def _ambient(index: int, old: Any, new: Any) -> str:
+    name = _AMBIENT_NAMES.get(index, f"ambient state #{index}")
+    if isinstance(old, bool) and isinstance(new, bool) and index == 0:
+        return f"grad mode changed from {'enabled' if old else 'disabled'} to " + (
+            "enabled" if new else "disabled"
+        )
+    return f"{name} changed from {_show(old)} to {_show(new)}"
+
+
+def _input(i: int, old: Any, new: Any) -> list[str]:
+    if isinstance(old, tuple) and isinstance(new, tuple) and len(old) == len(new):
+        fields = _TENSOR_FIELDS.get(len(old))
+        if fields is not None and isinstance(old[0], torch.dtype):
+            return [
+                f"input {i}: {name} changed from {_show(a)} to {_show(b)}"
+                for name, a, b in zip(fields, old, new, strict=True)
+                if a != b
+            ]
+    if _is_tensor_part(old) != _is_tensor_part(new):
+        kind = {True: "a tensor", False: "not a tensor"}
+        return [f"input {i}: was {kind[_is_tensor_part(old)]}, now {kind[_is_tensor_part(new)]}"]
+    if isinstance(old, tuple) and isinstance(new, tuple) and len(old) == len(new) == 2:
+        if old[0] is not new[0]:
+            return [f"input {i}: type changed from {_show(old[0])} to {_show(new[0])}"]
+        return [
+            f"input {i}: value changed from {old[1]!r} to {new[1]!r} (it was baked into "
+            "the graph as a constant)"
+        ]
+    return [f"input {i}: changed from {_show(old)} to {_show(new)}"]
+
+
+def _is_tensor_part(part: Any) -> bool:
+    return isinstance(part, tuple) and len(part) in _TENSOR_FIELDS and isinstance(
+        part[0], torch.dtype
+    )
+
+
+def _aliasing(old: Any, new: Any) -> str:
+    def words(key: Any) -> str:
+        items = []
+        for item in key:
+            if item and item[0] == "dup":
+                items.append(f"input {item[1]} is input {item[2]}")
+            elif item and item[0] == "alias":
+                items.append(f"input {item[1]} shares storage with input {item[2]}")
+        return "; ".join(items) or "no inputs alias"
+
+    return f"input aliasing changed from [{words(old)}] to [{words(new)}]"
+
+
+def explain_key_change(
+    old_key: tuple[Any, Any], new_key: tuple[Any, Any], num_inputs: int
+) -> list[str]:
+    """The differences between two cache keys ``(in_spec, parts)``, one sentence each.
+    See Note [Recompile reasons]."""
+    (old_spec, old), (new_spec, new) = old_key, new_key
+    if old_spec != new_spec:
+        return [f"the structure of the arguments changed from {old_spec} to {new_spec}"]
+    if len(old) != len(new):
+        return [f"the key changed shape ({len(old)} parts, now {len(new)}): {old} -> {new}"]
+    trailing = 1 if num_inputs > 1 else 0
+    first_input = len(new) - num_inputs - trailing
+    reasons: list[str] = []
+    for index, (a, b) in enumerate(zip(old, new, strict=True)):
+        if a == b:
+            continue
+        if index < first_input:
+            reasons.append(_ambient(index, a, b))
+        elif index < first_input + num_inputs:
+            reasons.extend(_input(index - first_input, a, b))
+        else:
+            reasons.append(_aliasing(a, b))
+    return reasons or ["the key is unchanged (an entry for it was evicted)"]
+
+
+_GUARD_TERM = re.compile(r"L\['t(\d+)'\]\.(size|stride)\(\)\[(\d+)\]|L\['t(\d+)'\]\.storage_offset\(\)")
+
+
+def explain_guard_failures(
+    failed: Sequence[str], positions: Sequence[int], compiled_args: Sequence[Any]
+) -> list[str]:
+    """Failed ShapeEnv guard expressions (over ``L['t<k>']``, see Note [Shape guards]) in
+    terms of input numbers, with the new value of every size, stride or offset they read.
+    ``compiled_args[positions[k]]`` is the tensor ``t<k>``."""
+    reasons = []
+    for expr in failed:
+        values: dict[str, Any] = {}
+
+        def term(m: re.Match[str], values: dict[str, Any] = values) -> str:
+            if m.group(1) is not None:
+                k, what, dim = int(m.group(1)), m.group(2), int(m.group(3))
+                name = f"input{positions[k]}.{what}({dim})"
+                t = compiled_args[positions[k]]
+                values[name] = t.size(dim) if what == "size" else t.stride(dim)
+            else:
+                k = int(m.group(4))
+                name = f"input{positions[k]}.storage_offset()"
+                values[name] = compiled_args[positions[k]].storage_offset()
+            return name
+
+        text = _GUARD_TERM.sub(term, expr)
+        # "2 <= a and a <= 8" reads better as "2 <= a <= 8"
+        text = re.sub(r"(\S+) <= (\S+) and \2 <= (\S+)", r"\1 <= \2 <= \3", text)
+        now = ", ".join(f"{k} = {v}" for k, v in values.items())
+        reasons.append(f"shape guard failed: {text}" + (f" ({now})" if now else ""))
+    return reasons
+
+
+def log_recompile(
+    fn: Any,
+    last_key: tuple[Any, Any] | None,
+    key: tuple[Any, Any],
+    guard: Any,
+    flat_args: Sequence[Any],
+    num_compiled: int,
+) -> None:
+    """Log why ``fn`` compiles again, on the ``recompiles`` artifact. ``guard`` is the
+    ShapeGuard of the newest entry for ``key`` when one exists (its guards failed),
+    else None (the key is new: it is compared with ``last_key``, the previous call's).
+    Call only on a miss. See Note [Recompile reasons]."""
+    if num_compiled == 0 or not artifact_enabled("recompiles"):
+        return
+    if guard is not None:
+        layout = guard.layout
+        compiled = flat_args if layout.is_trivial else layout.compiled_args(flat_args)
+        reasons = explain_guard_failures(guard.failures(flat_args), guard.positions, compiled)
+    elif last_key is not None:
+        reasons = explain_key_change(last_key, key, len(flat_args))
+    else:
+        reasons = ["no compiled entry matches"]
+    name = getattr(fn, "__qualname__", None) or repr(fn)
+    log_artifact(
+        "recompiles",
+        "Recompiling function %s (compilation %d) because:\n%s",
+        name, num_compiled + 1, "\n".join(f"    {r}" for r in reasons),
+    )
