@@ -515,3 +515,23 @@ def test_hop_without_rules_names_itself(requires_grad: bool) -> None:
     message = str(info.value)
     assert "higher-order operator aotkit_test_ruleless_hop" in message
     assert "FunctionalTensorMode" in message and "Remedy" in message
+
+
+def _checkpointed_cond(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def region(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = x @ w
+        return torch.cond(y.sum() > 0, lambda y: y.sin() * 2, lambda y: y.cos(), (y,)) @ w
+
+    return cp.checkpoint(region, x, w, use_reentrant=False).relu()
+
+
+@pytest.mark.parametrize("partitioner", sorted(PARTITIONERS))
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["true_branch", "false_branch"])
+def test_cond_inside_checkpoint_is_recomputed(partitioner: str, sign: float) -> None:
+    x = (torch.rand(4, 3) * sign).requires_grad_()
+    rec = _differential(_checkpointed_cond, [x, torch.rand(3, 3, requires_grad=True)], partitioner)
+    fw, bw = rec.graphs
+    cond = torch.ops.higher_order.cond
+    assert sum(n.target is cond for n in fw.graph.nodes) == 1
+    # the checkpointed region's cond runs again in the backward, before its own backward
+    assert sum(n.target is cond for n in bw.graph.nodes) >= 2

@@ -28,10 +28,14 @@
 #     ``FunctionalTensorMode``; the path reason names the HOP (Note [Why a graph took the
 #     path it took]).
 #   * The graphs a compiler receives stay functional, subgraphs included: the HOP node
-#     and its ``get_attr`` subgraphs are ordinary nodes to the partitioners (a HOP is
-#     never recomputed in the backward: it is not in the recomputable-op list), the graph
-#     functions call the HOP with the subgraph modules, and aotkit_inductor hands graphs
-#     with subgraphs to Inductor as they are (dead nodes removed).
+#     and its ``get_attr`` subgraphs are ordinary nodes to the partitioners. A HOP is not
+#     in the recompute allowlist, so min-cut and the memory budget save its outputs,
+#     unless activation checkpointing tagged it (a cond inside a checkpointed region is
+#     recomputed in the backward, as in torch); a ``get_attr`` subgraph is read by
+#     whichever graph calls it. The graph functions (aotkit_backends) call the HOP with
+#     the subgraph modules, and aotkit_inductor hands graphs with subgraphs to Inductor
+#     as they are, dead nodes removed (Inductor lowers flex_attention on CPU to fewer
+#     outputs than the fake kernel's getitems read).
 #   * ``while_loop``'s fake kernel needs a ShapeEnv even when every shape is static (it
 #     creates unbacked ints for carried values). aot_function's fake mode has none for
 #     static shapes (torch's aot_function fails there with an AttributeError), so a trace
