@@ -223,7 +223,9 @@ def test_cond_path_reason_names_the_hop() -> None:
         _run(aot_function(_cond, nop), [torch.randn(3, requires_grad=True), torch.randn(3)])
     (artifacts,) = compiled
     assert artifacts.path == "python"
-    assert "cond" in artifacts.path_reason
+    reason = "the higher-order operator cond needs the Python functionalization mode"
+    assert artifacts.single_pass_skipped == reason
+    assert artifacts.native_skipped == reason
 
 
 @pytest.mark.parametrize("backend", ["aotkit_eager", "aotkit_inductor"])
@@ -535,3 +537,35 @@ def test_cond_inside_checkpoint_is_recomputed(partitioner: str, sign: float) -> 
     assert sum(n.target is cond for n in fw.graph.nodes) == 1
     # the checkpointed region's cond runs again in the backward, before its own backward
     assert sum(n.target is cond for n in bw.graph.nodes) >= 2
+
+
+class _LossCond(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.randn(3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        out = torch.cond(
+            x.sum() > 0, lambda x: (x * self.p).sin(), lambda x: x.cos() - self.p.exp(), (x,)
+        )
+        return (out.sum(),)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["true_branch", "false_branch"])
+def test_cond_joint_export(sign: float) -> None:
+    torch.manual_seed(0)
+    m = _LossCond()
+    x = (torch.rand(3) + 0.1) * sign
+    ours, our_sig = aot_export_module(m, [x], trace_joint=True, output_loss_index=0)
+    _, their_sig = torch_aot.aot_export_module(m, [x], trace_joint=True, output_loss_index=0)
+    assert our_sig.backward_signature == their_sig.backward_signature
+    assert our_sig.user_outputs == their_sig.user_outputs
+    _assert_functional(ours)
+    assert [n.target for n in ours.graph.nodes if isinstance(n.target, HigherOrderOperator)] == [
+        torch.ops.higher_order.cond
+    ] * 2  # the forward's and the backward's
+    loss, grad_p = ours(m.p.detach(), x)
+    expected = m(x)[0]
+    expected.backward()
+    _assert_same(loss, expected)
+    _assert_same(grad_p, m.p.grad)

@@ -254,7 +254,10 @@ def collect_metadata(
 def _native_blocker(checks: EagerInplaceChecks, flat_args: Sequence[Any]) -> str | None:
     """Why the C++ Functionalize key cannot trace this program (None: it can)."""
     if not checks.native_functionalization_ok:
-        return f"{checks.python_mode_op} needs the Python functionalization mode"
+        op = checks.python_mode_op
+        # See Note [Higher-order operators] in aotkit_capture
+        hop = "the higher-order operator " if isinstance(op, torch._ops.HigherOrderOperator) else ""
+        return f"{hop}{op} needs the Python functionalization mode"
     for a in flat_args:
         if isinstance(a, torch.Tensor) and type(a) not in _NATIVE_INPUT_TYPES:
             return f"an input is a {type(a).__name__}"

@@ -119,7 +119,8 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         if needs_python_functionalization(func):
-            raise NotSinglePass(f"{func} needs the Python functionalization mode")
+            hop = "the higher-order operator " if isinstance(func, torch._ops.HigherOrderOperator) else ""
+            raise NotSinglePass(f"{hop}{func} needs the Python functionalization mode")
         return func(*args, **(kwargs or {}))
 
 
