@@ -558,7 +558,9 @@ def test_cond_joint_export(sign: float) -> None:
     x = (torch.rand(3) + 0.1) * sign
     ours, our_sig = aot_export_module(m, [x], trace_joint=True, output_loss_index=0)
     _, their_sig = torch_aot.aot_export_module(m, [x], trace_joint=True, output_loss_index=0)
-    assert our_sig.backward_signature == their_sig.backward_signature
+    ours_bw, theirs_bw = our_sig.backward_signature, their_sig.backward_signature
+    for field in ("gradients_to_parameters", "gradients_to_user_inputs", "loss_output"):
+        assert getattr(ours_bw, field) == getattr(theirs_bw, field), field
     assert our_sig.user_outputs == their_sig.user_outputs
     _assert_functional(ours)
     assert [n.target for n in ours.graph.nodes if isinstance(n.target, HigherOrderOperator)] == [
