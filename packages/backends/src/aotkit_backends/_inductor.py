@@ -201,6 +201,10 @@ def _copy_if_flat(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, pytre
                 continue
             if not isinstance(target, torch._ops.OpOverload | torch._ops.HigherOrderOperator):
                 return None
+        elif node.op == "get_attr" and isinstance(
+            getattr(gm, str(node.target), None), torch.fx.GraphModule
+        ):
+            continue  # a higher-order operator's subgraph (See Note [Higher-order operators])
         elif node.op != "placeholder":  # get_attr constants, call_module: re-trace
             return None
         if node.op != "output" and "val" not in node.meta:
@@ -216,6 +220,11 @@ def _copy_if_flat(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, pytre
     copied_outs = graph.graph_copy(gm.graph, {})
     graph.output(list(copied_outs) if isinstance(copied_outs, list | tuple) else copied_outs)
     flat_gm = torch.fx.GraphModule(gm, graph)
+    if any(n.op == "get_attr" for n in graph.nodes):
+        # Inductor lowers a HOP to fewer outputs than its fake kernel returns (flex_attention
+        # on CPU): unused getitems of it must not reach the lowering.
+        flat_gm.graph.eliminate_dead_code()
+        flat_gm.recompile()
     leaves = [o is not None for o in outs]  # Nones stay graph outputs; See _boxed_with_structure
     spec = pytree.tree_structure(leaves if isinstance(outs, list) else tuple(leaves))
     return flat_gm, spec

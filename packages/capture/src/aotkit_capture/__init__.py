@@ -28,6 +28,7 @@ from ._export_trace import retrace_flat as retrace_flat
 from ._export_trace import trace_for_export as trace_for_export
 from ._fakify import construct_fake_mode as construct_fake_mode
 from ._fakify import fakify_inputs as fakify_inputs
+from ._hops import UnsupportedHigherOrderOperatorError as UnsupportedHigherOrderOperatorError
 from ._node_meta import call_preserving_node_meta as call_preserving_node_meta
 from ._paths import record_compilations as record_compilations
 from ._shape_guards import ShapeGuard as ShapeGuard
@@ -48,6 +49,7 @@ __all__ = [
     "Runner",
     "ShapeGuard",
     "TracedGraphs",
+    "UnsupportedHigherOrderOperatorError",
     "call_preserving_node_meta",
     "compile_flat",
     "construct_fake_mode",

@@ -55,6 +55,7 @@ from ._graph_facts import (
     static_tangent_like,
     tangent_dependencies,
 )
+from ._hops import fake_mode_with_shape_env, needs_shape_env
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
@@ -244,6 +245,18 @@ def compile_flat(
     Returns ``runner(flat_args) -> flat graph outputs`` (user outputs only).
     """
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
+    try:
+        return _compile_flat(flat_fn, flat_args, cfg, fake_mode, shape_env)
+    except Exception as e:  # See Note [Higher-order operators]: while_loop needs a ShapeEnv
+        if fake_mode.shape_env is not None or not needs_shape_env(e):
+            raise
+    return _compile_flat(flat_fn, flat_args, cfg, fake_mode_with_shape_env(), None)
+
+
+def _compile_flat(
+    flat_fn: FlatFn, flat_args: Sequence[Any], cfg: AOTConfig, fake_mode: FakeTensorMode,
+    shape_env: Any,
+) -> tuple[Runner, CompiledArtifacts]:
     layout = compute_input_layout(flat_args)
     with explain_tracing_errors(), _tracing_context(fake_mode, shape_env is not None):
         fake_args: list[Any] | None = None

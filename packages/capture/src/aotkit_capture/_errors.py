@@ -95,6 +95,13 @@ def explain_tracing_errors() -> Iterator[None]:
         raise DataDependentError(DATA_DEPENDENT_MESSAGE.format(op=e.func), e.func) from e
     except DynamicOutputShapeException as e:
         raise DynamicOutputShapeError(DYNAMIC_OUTPUT_MESSAGE.format(op=e.func), e.func) from e
+    except NotImplementedError as e:
+        from ._hops import unsupported_hop_error  # _hops imports this module
+
+        hop_error = unsupported_hop_error(e)
+        if hop_error is None:
+            raise
+        raise hop_error from e
     except Exception as e:
         # only symbolic shapes raise GuardOnDataDependentSymNode, and their module is loaded
         # by then (See Note [Import cost] in aotkit_frontends)

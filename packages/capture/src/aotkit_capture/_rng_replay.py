@@ -57,8 +57,17 @@ def _on_cpu(out: Any) -> bool:
 class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
     """Tags each random op's new graph nodes with the generator state it ran from.
 
-    See Note [RNG replay keys].
+    See Note [RNG replay keys]. Higher-order operators run below it (their bodies' random
+    ops are not keyed; See Note [Higher-order operators]).
     """
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # lets torch.cond & co. trace their branches with dynamo under this mode
+        # (See Note [Higher-order operators] in aotkit_capture)
+        return True
 
     def __torch_dispatch__(
         self,

@@ -101,7 +101,16 @@ class NotSinglePass(Exception):
 # TorchDispatchMode/TorchFunctionMode carry no annotations in torch.
 class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
     """Sits under the Functionalize key and stops at the first op the Python mode would
-    treat differently."""
+    treat differently (higher-order operators included: See Note [Higher-order
+    operators])."""
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # lets torch.cond & co. trace their branches with dynamo under this mode
+        # (See Note [Higher-order operators] in aotkit_capture)
+        return True
 
     def __torch_dispatch__(
         self,

@@ -87,7 +87,9 @@ def python_mode_reason(func: Any) -> str:
     graph took the path it took] in aotkit_capture)."""
     if isinstance(func, torch._ops.OpOverload) and has_effects(func):
         return f"{func} is effectful (effect tokens need the Python functionalization mode)"
-    return f"{func} needs the Python functionalization mode"
+    # See Note [Higher-order operators] in aotkit_capture
+    hop = "the higher-order operator " if isinstance(func, torch._ops.HigherOrderOperator) else ""
+    return f"{hop}{func} needs the Python functionalization mode"
 
 
 def has_internal_overlap(t: torch.Tensor) -> bool:
@@ -102,7 +104,20 @@ class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
 
     ``leaf_inputs`` are the (functional) inputs that stand for autograd leaves requiring
     grad.
+
+    Higher-order operators (``torch.cond``, ``map``, ...) reach ``__torch_dispatch__``
+    with this mode popped; they run below it unchecked (their bodies may not mutate their
+    operands: torch's own checks raise for that) and mark the program as needing the
+    Python mode. See Note [Higher-order operators] in aotkit_capture.
     """
+
+    supports_higher_order_operators = True
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # lets torch.cond & co. trace their branches with dynamo under this mode
+        # (See Note [Higher-order operators] in aotkit_capture)
+        return True
 
     def __init__(self, leaf_inputs: Iterable[torch.Tensor]) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
@@ -124,6 +139,8 @@ class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
         if self.native_functionalization_ok and needs_python_functionalization(func):
             self.native_functionalization_ok = False
             self.python_mode_op = func
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **kwargs)
         if func._schema.is_mutable:
             name = func._schema.name.split("::")[-1]
             for t in _written_tensors(func, args, kwargs):

@@ -1,0 +1,124 @@
+"""Higher-order operators (``torch.cond``, ``while_loop``, ``map``, ``invoke_subgraph``,
+``flex_attention``, checkpoint) through the pipeline.
+
+# Note [Higher-order operators]
+# A higher-order operator (HOP) takes functions as arguments. torch runs each through the
+# dispatcher like an op: its Python kernels trace the branch/body functions into FX
+# subgraphs that the graph refers to with ``get_attr`` nodes (``true_graph_0``,
+# ``body_graph_0``, ``sdpa_score0``), and its autograd kernel differentiates them into
+# backward subgraphs. aotkit keeps torch's kernels and only makes its own layers let
+# HOPs through. The invariants:
+#   * Every aotkit TorchDispatchMode that can be on the mode stack while user code runs
+#     (``EagerInplaceChecks`` in the metadata pass, the single pass's native-op gate, the
+#     RNG replay keys) sets ``supports_higher_order_operators``: a HOP reaches its
+#     ``__torch_dispatch__`` with the mode popped and is called again below it. A mode
+#     without that flag makes torch raise "There was no rule registered for
+#     HigherOrderOperator ..." for every HOP.
+#   * The same modes answer ``ignore_compile_internals() -> True``. ``torch.cond``,
+#     ``while_loop`` and ``nested_compile_region`` trace their functions with dynamo
+#     (``_hop_compile_and_call``), and dynamo skips its frame when a mode that does not
+#     ignore compile internals is active: the HOP would then get the user's raw Python
+#     functions, which return bare tensors where torch's autograd kernel expects the
+#     tuples of a traced subgraph (cond's backward fails with "object of type 'bool' has
+#     no len()"). Ops inside a HOP body are therefore not seen by these modes: eager's
+#     in-place checks do not run inside a body (torch's own HOP checks reject input
+#     mutations in bodies), and random ops inside a body are not keyed for replay.
+#   * A HOP needs the Python functionalization mode (torch registers its functionalization
+#     rules there), so a program with one takes the two-pass flow with torch's Python
+#     ``FunctionalTensorMode``; the path reason names the HOP (Note [Why a graph took the
+#     path it took]).
+#   * The graphs a compiler receives stay functional, subgraphs included: the HOP node
+#     and its ``get_attr`` subgraphs are ordinary nodes to the partitioners. A HOP is not
+#     in the recompute allowlist, so min-cut and the memory budget save its outputs,
+#     unless activation checkpointing tagged it (a cond inside a checkpointed region is
+#     recomputed in the backward, as in torch); a ``get_attr`` subgraph is read by
+#     whichever graph calls it. The graph functions (aotkit_backends) call the HOP with
+#     the subgraph modules, and aotkit_inductor hands graphs with subgraphs to Inductor
+#     as they are, dead nodes removed (Inductor lowers flex_attention on CPU to fewer
+#     outputs than the fake kernel's getitems read).
+#   * ``while_loop``'s fake kernel needs a ShapeEnv even when every shape is static (it
+#     creates unbacked ints for carried values). aot_function's fake mode has none for
+#     static shapes (torch's aot_function fails there with an AttributeError), so a trace
+#     that fails for that reason is redone once in a fake mode that has a ShapeEnv but
+#     keeps static shapes: no size becomes symbolic and no guard is added.
+#   * A HOP that torch cannot trace in a mode aotkit uses raises an error that names the
+#     HOP and what to do (``UnsupportedHigherOrderOperator``), never a bare dispatcher
+#     message.
+"""
+
+from __future__ import annotations
+
+import re
+
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ._errors import AOTCompileError
+
+__all__ = [
+    "UnsupportedHigherOrderOperatorError",
+    "fake_mode_with_shape_env",
+    "needs_shape_env",
+    "unsupported_hop_error",
+]
+
+_NO_RULE = re.compile(
+    r"There was no rule registered for HigherOrderOperator (\S+) and mode <([\w.]+)"
+)
+_NO_KERNEL = re.compile(r"could not find kernel for HigherOrderOperator (\S+) at dispatch key (\S+)")
+
+UNSUPPORTED_HOP_MESSAGE = (
+    "aotkit cannot trace the higher-order operator {hop}: it has no rule for {where}, "
+    "which aotkit's tracing needs (torch's functionalization, fake tensors and make_fx "
+    "each need one; See Note [Higher-order operators]). Remedy: register the missing "
+    "rule on the operator ({how}), or call {hop} outside the compiled function."
+)
+
+
+class UnsupportedHigherOrderOperatorError(AOTCompileError, NotImplementedError):
+    """A higher-order operator lacks a rule aotkit's tracing needs. ``hop`` names it."""
+
+    def __init__(self, message: str, hop: str) -> None:
+        RuntimeError.__init__(self, message)
+        self.hop = hop
+
+
+def needs_shape_env(e: BaseException) -> bool:
+    """Whether a trace failed only because a HOP's fake kernel (``while_loop``) needs a
+    ShapeEnv on a static fake mode. See Note [Higher-order operators]."""
+    text = str(e)
+    return (isinstance(e, AttributeError) and "ignore_fresh_unbacked_symbols" in text) or (
+        "Must provide a fake_mode with shape_env" in text
+    )
+
+
+def fake_mode_with_shape_env() -> FakeTensorMode:
+    """A fake mode with a ShapeEnv for unbacked values but static input shapes."""
+    # symbolic_shapes imports sympy: See Note [Import cost] in aotkit_frontends
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    return FakeTensorMode(
+        shape_env=ShapeEnv(duck_shape=False), static_shapes=True, allow_non_fake_inputs=False
+    )
+
+
+def unsupported_hop_error(e: BaseException) -> UnsupportedHigherOrderOperatorError | None:
+    """torch's dispatcher message for a HOP without a rule, as an error naming the HOP and
+    the remedy (None when ``e`` is something else). See Note [Higher-order operators]."""
+    if not isinstance(e, NotImplementedError):
+        return None
+    text = str(e)
+    match = _NO_RULE.search(text)
+    if match is not None:
+        hop, mode = match.group(1), match.group(2).rsplit(".", 1)[-1]
+        how = f"``{hop}.py_impl({mode})``, or ``py_functionalize_impl`` for functionalization"
+        where = f"the dispatch mode {mode}"
+    else:
+        match = _NO_KERNEL.search(text)
+        if match is None:
+            return None
+        hop, key = match.group(1), match.group(2)
+        how = f"``{hop}.py_impl({key})``"
+        where = f"the dispatch key {key}"
+    return UnsupportedHigherOrderOperatorError(
+        UNSUPPORTED_HOP_MESSAGE.format(hop=hop, where=where, how=how), hop
+    )
