@@ -38,7 +38,6 @@ from aotkit_schemas import (
     graph_outputs,
     reads_graph_only,
 )
-from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
@@ -47,6 +46,7 @@ from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY
 from ._context import track_graph_compiling
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
+from ._grad_mode_kernels import symbolic_dispatch
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
@@ -105,7 +105,7 @@ class CompiledArtifacts:
 def _tracing_context(fake_mode: FakeTensorMode, symbolic: bool) -> Any:
     rng = torch.get_rng_state()
     try:
-        with fake_mode, enable_python_dispatcher() if symbolic else contextlib.nullcontext():
+        with fake_mode, symbolic_dispatch(symbolic):  # See Note [Recurrent layers under the Python dispatcher]
             yield
     finally:
         torch.set_rng_state(rng)

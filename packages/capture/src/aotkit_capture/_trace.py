@@ -42,6 +42,7 @@ from ._backward_mutations import (
     check_backward_mutations,
     mutation_counts,
 )
+from ._grad_mode_kernels import joint_kernel_choices
 from ._node_meta import backward_node_meta
 from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
@@ -335,7 +336,11 @@ def _trace_joint(
     to_trace: Callable[[list[Any], list[Any]], list[Any]] = joint
     if subclasses is not None:
         to_trace, primals, tangents = subclasses.desugar_joint(joint, primals, tangents)
-    with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
+    with (
+        torch.autograd.set_multithreading_enabled(False),
+        _use_lazy_graph_module(True),
+        joint_kernel_choices(),  # See Note [Kernels that read grad mode]
+    ):
         gm = make_fx(keyed_rng(to_trace), decomposition_table=decompositions)(primals, tangents)
     replay_rng_inplace(gm)  # See Note [RNG replay keys]
     end = forward_end[0]
