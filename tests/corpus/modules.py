@@ -180,3 +180,53 @@ def layernorm_gru_cell():
             return self.cell(self.norm(x))
 
     return M()
+
+
+# Recurrent layers (See Note [Kernels that read grad mode]). torch's AOTAutograd fails at
+# backward on nn.LSTM: on CPU the layer runs oneDNN's kernel, whose training workspace is
+# undefined when the compiled forward runs under no_grad.
+_LSTM_WORKSPACE = TorchDiffers(
+    "nn.LSTM's oneDNN workspace is undefined under the compiled forward's no_grad", raises=True
+)
+
+
+# torch's AOTAutograd returns values that differ from eager's when dropout between
+# recurrent layers is on (aotkit's equal eager's, same seed).
+_RECURRENT_DROPOUT = TorchDiffers("torch's values differ from eager's with dropout between layers")
+
+
+class _Recurrent(nn.Module):
+    """A recurrent layer whose outputs (sequence and final state) are all returned."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x):
+        out, state = self.layer(x)
+        return (out, *state) if isinstance(state, tuple) else (out, state)
+
+
+@case(inputs=lambda: (rand(5, 2, 4),), torch_differs=_LSTM_WORKSPACE, optimizer=_sgd)
+def lstm():
+    return _Recurrent(nn.LSTM(4, 6))
+
+
+@case(inputs=lambda: (rand(2, 5, 4),), torch_differs=_LSTM_WORKSPACE)
+def lstm_bidirectional_batch_first_two_layers():
+    return _Recurrent(nn.LSTM(4, 3, num_layers=2, bidirectional=True, batch_first=True))
+
+
+@case(inputs=lambda: (rand(5, 2, 4, grad=True),), torch_differs=_RECURRENT_DROPOUT)
+def lstm_two_layers_dropout_input_requires_grad():
+    return _Recurrent(nn.LSTM(4, 3, num_layers=2, dropout=0.4))
+
+
+@case(inputs=lambda: (rand(2, 5, 4),), torch_differs=_RECURRENT_DROPOUT)
+def gru_bidirectional_batch_first_two_layers_dropout():
+    return _Recurrent(nn.GRU(4, 3, num_layers=2, bidirectional=True, batch_first=True, dropout=0.4))
+
+
+@case(inputs=lambda: (rand(5, 2, 4),))
+def rnn_relu_bidirectional_two_layers():
+    return _Recurrent(nn.RNN(4, 3, num_layers=2, nonlinearity="relu", bidirectional=True))

@@ -38,7 +38,6 @@ from aotkit_schemas import (
     ViewAndMutationMeta,
     reads_graph_only,
 )
-from torch._dispatch.python import enable_python_dispatcher
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
@@ -56,6 +55,7 @@ from ._graph_facts import (
     tangent_dependencies,
 )
 from ._hops import fake_mode_with_shape_env, needs_shape_env
+from ._grad_mode_kernels import symbolic_dispatch
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
@@ -114,7 +114,7 @@ class CompiledArtifacts:
 def _tracing_context(fake_mode: FakeTensorMode, symbolic: bool) -> Any:
     rng = torch.get_rng_state()
     try:
-        with fake_mode, enable_python_dispatcher() if symbolic else contextlib.nullcontext():
+        with fake_mode, symbolic_dispatch(symbolic):  # See Note [Recurrent layers under the Python dispatcher]
             yield
     finally:
         torch.set_rng_state(rng)

@@ -77,6 +77,7 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
+from ._grad_mode_kernels import joint_kernel_choices
 from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
     SavedOutputRecorder,
@@ -372,7 +373,11 @@ def trace_single_pass(
     saved_outputs = SavedOutputRecorder()
     primals = list(fake_args)
     try:
-        with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
+        with (
+            torch.autograd.set_multithreading_enabled(False),
+            _use_lazy_graph_module(True),
+            joint_kernel_choices(),  # See Note [Kernels that read grad mode]
+        ):
             gm = make_fx(keyed_rng(joint), decomposition_table=decompositions)(primals)
     finally:
         # a function that switched grad mode off and was abandoned must not leave it off

@@ -51,6 +51,7 @@ from ._effects import (
     num_tokens,
     token_inputs,
 )
+from ._grad_mode_kernels import joint_kernel_choices
 from ._node_meta import backward_node_meta
 from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
@@ -366,7 +367,11 @@ def _trace_joint(
     to_trace: Callable[[list[Any], list[Any]], list[Any]] = joint
     if subclasses is not None:
         to_trace, primals, tangents = subclasses.desugar_joint(joint, primals, tangents)
-    with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
+    with (
+        torch.autograd.set_multithreading_enabled(False),
+        _use_lazy_graph_module(True),
+        joint_kernel_choices(),  # See Note [Kernels that read grad mode]
+    ):
         gm = make_fx(keyed_rng(to_trace), decomposition_table=decompositions)(primals, tangents)
     replay_rng_inplace(gm)  # See Note [RNG replay keys]
     end = forward_end[0]

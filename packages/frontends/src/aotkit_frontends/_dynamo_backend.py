@@ -71,6 +71,25 @@ class AotAutograd:
             raise TypeError("aot_autograd: fw_compiler is required")
         self.__name__ = "compiler_fn"
         self.kwargs = kwargs
+        # what the user passed, before the first compile resolves it: See Note [Pickling
+        # a backend]
+        self._given = dict(kwargs)
+        self._registered_as: str | None = None
+
+    # Note [Pickling a backend]
+    # ``pickle.dumps(torch.compile(model, backend=b))`` pickles the backend ``b`` (inside
+    # the OptimizedModule's dynamo context). Like torch's AotAutograd, the first compile
+    # rewrites ``self.kwargs`` (the decompositions thunk resolved, the backward compiler
+    # wrapped in a dynamo-disabled function carrying the wrapped compiler's name, which
+    # pickle cannot find). So a backend pickles what its user gave it, not what it turned
+    # that into: the registered ``aotkit_eager``/``aotkit_inductor`` by reference (they
+    # unpickle to the same objects), any other AotAutograd by its given kwargs (which
+    # pickle when the user's compilers do: module-level functions, not closures). torch's
+    # own ``aot_autograd(...)`` result does not pickle once it has compiled; aotkit's does.
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        if self._registered_as is not None:
+            return self._registered_as
+        return (_rebuild_backend, (self._given,))
 
     def __call__(
         self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any
@@ -103,6 +122,11 @@ class AotAutograd:
             raise
         counters["aot_autograd"]["ok"] += 1
         return _disable(forward, "do not trace the AOT-compiled graph")
+
+
+def _rebuild_backend(given: dict[str, Any]) -> AotAutograd:
+    """Unpickle an AotAutograd (See Note [Pickling a backend])."""
+    return AotAutograd(**given)
 
 
 def _disable(fn: Callable[..., Any], reason: str) -> Callable[..., Any]:
@@ -265,6 +289,8 @@ aotkit_inductor = aot_autograd(
     keep_inference_input_mutations=True,
 )
 _BACKENDS = {"aotkit_eager": aotkit_eager, "aotkit_inductor": aotkit_inductor}
+for _name, _backend in _BACKENDS.items():
+    _backend._registered_as = _name  # See Note [Pickling a backend]
 _REGISTERED: set[str] = set()
 
 
