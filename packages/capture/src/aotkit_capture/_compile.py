@@ -47,6 +47,7 @@ from ._context import track_graph_compiling
 from ._effects import check_no_subclass_effects, count_backward_tokens, with_backward_tokens
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
+from ._grad_mode_kernels import symbolic_dispatch
 from ._graph_facts import (
     gradless_inputs,
     plain_view_outputs,
@@ -55,7 +56,6 @@ from ._graph_facts import (
     tangent_dependencies,
 )
 from ._hops import fake_mode_with_shape_env, needs_shape_env
-from ._grad_mode_kernels import symbolic_dispatch
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
