@@ -140,10 +140,9 @@ class InputLayout:
             for g, group in enumerate(layout.synthetic_bases):
                 base = compiled_args[g]
                 for m in group.members:
-                    if m.user_index == group.base_user_index:
-                        # the member that is the base is the compiled input itself
-                        user[m.user_index] = base
-                        continue
+                    # every member, the base one too, is an as_strided view of the
+                    # compiled base, as torch regenerates them (its graphs name the
+                    # nodes after this order)
                     src = base if base.dtype == m.dtype else base.view(m.dtype)
                     user[m.user_index] = src.as_strided(m.size, m.stride, m.storage_offset)
             for i, first in enumerate(layout.first_occurrence):
@@ -213,11 +212,40 @@ def _extent(t: torch.Tensor) -> tuple[int, int]:
 
 
 def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """False only when a and b provably share no element of their storage. See Note
+    [Inputs that share a storage without overlapping]."""
     if a.dtype.itemsize != b.dtype.itemsize:
         return True
     lo_a, hi_a = _extent(a)
     lo_b, hi_b = _extent(b)
-    return not (hi_a < lo_b or hi_b < lo_a)
+    if hi_a < lo_b or hi_b < lo_a:
+        return False
+    return not _rows_interleave(a, b)
+
+
+# Note [Inputs that share a storage without overlapping]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# Two inputs on one storage need a synthetic base only when they may share an element.
+# Disjoint [first, last] extents settle most cases. The other common case is two column
+# blocks of one matrix (``x[:, 0:2]`` and ``x[:, 2:4]``): 2-D, rows contiguous, one row
+# stride s. Every element of a lies at ``offset_a + [0, n_a)`` modulo s and every element
+# of b at ``offset_a + d + [0, n_b)`` with ``d = (offset_b - offset_a) mod s``; when those
+# residue ranges are disjoint (``n_a <= d`` and ``d + n_b <= s``) no element is shared,
+# whatever the number of rows. torch detects these cases too, so its graphs take the
+# inputs as they are instead of through a synthetic base.
+
+
+def _rows_interleave(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.dim() != 2 or b.dim() != 2 or a.numel() == 0 or b.numel() == 0:
+        return False
+    s = a.stride(0)
+    if b.stride(0) != s or s <= 0 or a.stride(1) != 1 or b.stride(1) != 1:
+        return False
+    if a.storage_offset() > b.storage_offset():
+        a, b = b, a
+    n_a, n_b = a.size(1), b.size(1)
+    d = (b.storage_offset() - a.storage_offset()) % s
+    return n_a <= d and d + n_b <= s
 
 
 def compute_input_layout(

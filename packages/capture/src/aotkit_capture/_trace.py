@@ -110,6 +110,15 @@ def _forward_returns(
     return [*mutated, *outs, *bases], run_args
 
 
+# Note [An output that is a kept-mutated input]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# ``def f(a, b): return torch.sin(a, out=b)`` returns its input ``b``, and the inference
+# graph keeps b's mutation as ``copy_(b, sin)``. torch's graph then returns the ``copy_``
+# node (the input itself, written), not ``sin``; aotkit returns the input after its kept
+# write too, so the graph text is torch's. The values are the same either way; the
+# runtime regenerates outputs that alias inputs from the inputs.
+
+
 def trace_inference(
     flat_fn: FlatFn,
     fake_args: Sequence[Any],
@@ -132,23 +141,36 @@ def trace_inference(
             install_tokens(mode, meta, [to_functional(t) for t in tokens])
             f_args = [to_functional(a) for a in args]
             returns, _ = _forward_returns(flat_fn, f_args, meta, for_autograd=False)
+            # See Note [An output that is a kept-mutated input]
+            returned_input = {
+                j: i for j, r in enumerate(returns) for i in in_graph if r is f_args[i]
+            }
             plain = [from_functional(r) for r in returns]
             updates = [from_functional(f_args[i]) for i in in_graph]
             out_tokens = [from_functional(t) for t in forward_tokens(mode, meta)]
         for i, new in zip(in_graph, updates, strict=True):
             apply_kept_mutation(args[i], new, meta.input_info[i])
+        for j, i in returned_input.items():
+            plain[j] = args[i]
         return (*out_tokens, *plain)
+
 
     # Traced under the caller's grad mode: a function that calls torch.autograd.grad
     # itself needs it, and nothing here differentiates the result.
     if subclasses is not None:
         desugared, flat_args = subclasses.desugar_forward(inference, fake_args)
-        return make_fx(desugared, decomposition_table=decompositions)(*flat_args)
-    gm = make_fx(inference, decomposition_table=decompositions)(
-        *token_inputs(meta), *fake_args
-    )
-    if n_tokens:
-        drop_unused_effect_results(gm)
+        gm = make_fx(desugared, decomposition_table=decompositions)(*flat_args)
+    else:
+        gm = make_fx(inference, decomposition_table=decompositions)(
+            *token_inputs(meta), *fake_args
+        )
+        if n_tokens:
+            drop_unused_effect_results(gm)
+    # Views that functionalization made and nothing reads (a synthetic-base member's view
+    # before its write, say) are dropped, as torch drops them from its inference graph;
+    # mutations, random ops and effect tokens' chains are impure or returned, and stay.
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
     return gm
 
 

@@ -1,0 +1,149 @@
+"""Behaviour that torch's newest ``test_aotdispatch.py`` pins down and aotkit got wrong.
+
+Each case builds its own program, runs it eagerly, through aotkit and through torch's
+AOTAutograd, and compares values, inputs after the call and gradients with eager, and the
+graphs handed to the compiler with torch's (graph text is part of the drop-in contract:
+node names, inputs and outputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import aotkit
+import functorch.compile as torch_compile
+import torch
+
+
+def _capture(api: Any, cells: dict[str, list[torch.fx.GraphModule]]) -> dict[str, Any]:
+    def compiler(name: str) -> Any:
+        def compile_graph(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+            cells.setdefault(name, []).append(gm)
+            return api.make_boxed_func(gm.forward)
+
+        return compile_graph
+
+    return {
+        "fw_compiler": compiler("fw"),
+        "bw_compiler": compiler("bw"),
+        "inference_compiler": compiler("inf"),
+    }
+
+
+def _run_three_ways(
+    f: Callable[..., Any],
+    make_inputs: Callable[[], tuple[list[torch.Tensor], list[torch.Tensor]]],
+    **kwargs: Any,
+) -> tuple[dict[str, list[torch.fx.GraphModule]], dict[str, list[torch.fx.GraphModule]]]:
+    """``make_inputs() -> (leaves, graph_inputs)``. Runs f eagerly, through aotkit and
+    torch, checks outputs, inputs after the call and leaf gradients against eager, and
+    returns the graphs (aotkit's, torch's)."""
+    results = []
+    graphs: list[dict[str, list[torch.fx.GraphModule]]] = []
+    for api in (None, aotkit, torch_compile):
+        leaves, graph_inputs = make_inputs()
+        cells: dict[str, list[torch.fx.GraphModule]] = {}
+        fn = f if api is None else api.aot_function(f, **_capture(api, cells), **kwargs)
+        out = fn(*graph_inputs)
+        outs = [out] if isinstance(out, torch.Tensor) else list(out)
+        tensors = [o for o in outs if isinstance(o, torch.Tensor)]
+        grads = []
+        if any(o.requires_grad for o in tensors):
+            sum(o.sum() for o in tensors if o.requires_grad).backward()  # type: ignore[union-attr]
+            grads = [leaf.grad for leaf in leaves]
+        states = [(t.detach().clone(), t.shape, t.stride(), t.storage_offset()) for t in graph_inputs]
+        results.append((tensors, states, grads, [t.detach().clone() for t in leaves]))
+        if api is not None:
+            graphs.append(cells)
+    ref = results[0]
+    for got in results[1:]:
+        for a, b in zip(got[0], ref[0], strict=True):
+            torch.testing.assert_close(a, b)
+            assert a.stride() == b.stride() and a.requires_grad == b.requires_grad
+        for a, b in zip(got[1], ref[1], strict=True):
+            torch.testing.assert_close(a[0], b[0])
+            assert a[1:] == b[1:]
+        for a, b in zip(got[2], ref[2], strict=True):
+            torch.testing.assert_close(a, b)
+        for a, b in zip(got[3], ref[3], strict=True):
+            torch.testing.assert_close(a, b)
+    return graphs[0], graphs[1]
+
+
+def _same_graphs(ours: dict[str, list[torch.fx.GraphModule]], theirs: dict[str, list[torch.fx.GraphModule]]) -> None:
+    assert sorted(ours) == sorted(theirs)
+    for key in ours:
+        assert [g.code.strip() for g in ours[key]] == [g.code.strip() for g in theirs[key]]
+
+
+def _scale_both(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    a.mul_(3)
+    b.mul_(2)
+    return a.sum(1) + b.sum(1)
+
+
+def test_column_blocks_of_one_matrix_are_not_treated_as_aliased() -> None:
+    # x[:, :2] and x[:, 2:] share a storage and interleave row by row, but share no
+    # element: neither compiler needs a synthetic base (See Note [Inputs that share a
+    # storage without overlapping]).
+    def make(req: bool) -> Callable[[], tuple[list[torch.Tensor], list[torch.Tensor]]]:
+        def inputs() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+            base = torch.arange(20.0).reshape(4, 5).requires_grad_(req)
+            x = base * 1
+            return [base], [x[:, :2], x[:, 2:]]
+
+        return inputs
+
+    for req in (False, True):
+        ours, theirs = _run_three_ways(_scale_both, make(req))
+        _same_graphs(ours, theirs)
+        graph = next(iter(ours.values()))[0]
+        assert len(graph.graph.find_nodes(op="placeholder")) == 2
+
+
+def test_strided_blocks_whose_rows_collide_still_get_a_synthetic_base() -> None:
+    # Same row stride, but the second block starts inside the first block's rows modulo
+    # the stride: element sharing is possible, so both compilers merge the two inputs.
+    def inputs() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        base = torch.ones(64)
+        x = base * 1
+        return [base], [x.as_strided((3, 4), (9, 1), 0), x.as_strided((3, 4), (9, 1), 15)]
+
+    ours, theirs = _run_three_ways(_scale_both, inputs)
+    _same_graphs(ours, theirs)
+    graph = next(iter(ours.values()))[0]
+    assert len(graph.graph.find_nodes(op="placeholder")) == 1
+
+
+def test_mutated_view_alongside_its_own_base_input() -> None:
+    # The second input is the tensor the first is a view of. torch regenerates both from
+    # the synthetic base with as_strided, the base input included.
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        a.add_(1)
+        return a * b
+
+    def inputs() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        leaf = torch.arange(6.0).reshape(3, 2).requires_grad_()
+        x = leaf + 1
+        return [leaf], [x[1], x]
+
+    ours, theirs = _run_three_ways(f, inputs)
+    _same_graphs(ours, theirs)
+
+
+def test_out_argument_returning_its_written_input() -> None:
+    # ``torch.cos(a, out=b)`` returns b. With the write kept in the inference graph, the
+    # graph returns the written input itself, as torch's does (See Note [An output that is
+    # a kept-mutated input]); the caller gets b back.
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.cos(a, out=b)
+
+    def inputs() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        a, b = torch.linspace(0, 1, 6).reshape(2, 3), torch.zeros(2, 3)
+        return [a, b], [a, b]
+
+    ours, theirs = _run_three_ways(f, inputs, keep_inference_input_mutations=True)
+    _same_graphs(ours, theirs)
+    a, b = torch.ones(2, 3), torch.zeros(2, 3)
+    assert aotkit.aot_function(f, aotkit.nop, keep_inference_input_mutations=True)(a, b) is b
