@@ -8,6 +8,7 @@ Note [Output aliasing kinds] in aotkit_schemas.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,6 +25,7 @@ from aotkit_functional import (
     mutations_hidden_from_autograd,
     mutations_under_no_grad_or_inference_mode,
     python_mode_reason,
+    recorded_view_chain,
     storage_ref,
     storage_was_changed,
     to_functional,
@@ -73,6 +75,7 @@ def input_alias_info(
         mutates_storage_metadata=storage,
         requires_grad=isinstance(f_arg, torch.Tensor) and f_arg.requires_grad,
         keep_input_mutations=keep_input_mutations,
+        view_meta_sequence=recorded_view_chain(f_arg) if metadata and not storage else None,
     )
     _check_storage_mutation(info)
     return info
@@ -204,6 +207,7 @@ def collect_metadata(
                     "Metadata mutations are currently not allowed on tensor subclasses"
                 )
         output_info, intermediate_bases = _classify_outputs(f_args, f_outs)
+        output_info = _with_view_chains(output_info, f_outs, input_info)
 
         tangent_sources: list[torch.Tensor] = []
         for fa, info in zip(f_args, input_info, strict=True):
@@ -287,6 +291,29 @@ def _twin_requiring_grad(o: torch.Tensor, f_outs: Sequence[Any]) -> torch.Tensor
         ):
             return other
     return None
+
+
+def _with_view_chains(
+    output_info: list[OutputAliasInfo],
+    f_outs: Sequence[Any],
+    input_info: Sequence[InputAliasInfo],
+) -> list[OutputAliasInfo]:
+    """Attach to each alias_of_input output the view chain functionalization recorded from
+    its input, replayed on the runtime input by the epilogue (See Note [View replay] in
+    aotkit_functional). The chain starts from the input as passed, before any in-place
+    view (``t_``) of it; not for an input whose storage the function swapped (set_)."""
+    result = []
+    for o, info in zip(f_outs, output_info, strict=True):
+        if (
+            info.output_type is OutputType.alias_of_input
+            and info.base_idx is not None
+            and not input_info[info.base_idx].mutates_storage_metadata
+        ):
+            chain = recorded_view_chain(o)
+            if chain is not None:
+                info = dataclasses.replace(info, view_meta_sequence=chain)
+        result.append(info)
+    return result
 
 
 def _classify_outputs(

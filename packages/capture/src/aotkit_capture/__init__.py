@@ -29,6 +29,9 @@ from ._export_trace import trace_for_export as trace_for_export
 from ._fakify import construct_fake_mode as construct_fake_mode
 from ._fakify import fakify_inputs as fakify_inputs
 from ._hops import UnsupportedHigherOrderOperatorError as UnsupportedHigherOrderOperatorError
+from ._input_kinds import VALUE_KINDS as VALUE_KINDS
+from ._input_kinds import UnsupportedInputError as UnsupportedInputError
+from ._input_kinds import check_input_kinds as check_input_kinds
 from ._node_meta import call_preserving_node_meta as call_preserving_node_meta
 from ._paths import record_compilations as record_compilations
 from ._shape_guards import ShapeGuard as ShapeGuard
@@ -50,7 +53,10 @@ __all__ = [
     "ShapeGuard",
     "TracedGraphs",
     "UnsupportedHigherOrderOperatorError",
+    "UnsupportedInputError",
+    "VALUE_KINDS",
     "call_preserving_node_meta",
+    "check_input_kinds",
     "compile_flat",
     "construct_fake_mode",
     "explain_tracing_errors",

@@ -9,6 +9,8 @@ import torch
 from torch._guards import TracingContext, detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from ._input_kinds import check_input_kinds
+
 if TYPE_CHECKING:
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
@@ -44,6 +46,7 @@ def fakify_inputs(
     ``static_positions``, keep static shapes when ``static_weight_shapes``) and Python
     ints become SymInts, except in export, which specializes on ints.
     """
+    check_input_kinds(flat_args)
     out: list[Any] = []
     with fake_mode:
         for idx, x in enumerate(flat_args):

@@ -13,11 +13,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
-from aotkit_capture import CompiledArtifacts, Runner, compile_flat
+from aotkit_capture import CompiledArtifacts, Runner, check_input_kinds, compile_flat
 from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig
 
-from ._guards import input_key
+from ._guards import describe_flat_input, input_key
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 
@@ -138,6 +138,9 @@ class CompiledCache:
         return entry
 
     def _compile(self, flat_args: list[Any], in_spec: pytree.TreeSpec) -> Entry:
+        check_input_kinds(flat_args, functools.partial(
+            describe_flat_input, in_spec, self.cfg.num_params_buffers
+        ))
         outputs = OutputLayout()
         flat_fn = flatten_function(self.fn, in_spec, outputs)
         runner, artifacts = compile_flat(flat_fn, flat_args, self.cfg)

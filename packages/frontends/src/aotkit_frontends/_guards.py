@@ -10,7 +10,10 @@
 #   * with static shapes, every size and stride; with dynamic shapes, the ShapeEnv's
 #     guards, checked against the new sizes (a violation triggers a retrace, see
 #     Note [Shape guards]);
-#   * the values of non-tensor inputs that the trace baked in as constants.
+#   * the values of non-tensor inputs that the trace baked in as constants: every kind in
+#     VALUE_KINDS (int, float by bit pattern, bool, str, complex, None, dtype, device,
+#     layout, memory_format) by type and value; other kinds are refused at compile time
+#     unless the graph takes them as inputs (See Note [Non-tensor inputs] in aotkit_capture).
 # The ShapeEnv guards of a dynamic entry: See Note [Shape guards] in aotkit_capture.
 """
 
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from aotkit_capture import VALUE_KINDS
 
 
 def _alias_key(flat_args: Sequence[Any], *, with_shapes: bool) -> tuple[Any, ...]:
@@ -64,10 +68,34 @@ def input_key(
                     (a.dtype, a.device, a.layout, a.shape, a.stride(), a.requires_grad,
                      a.storage_offset())
                 )
-        elif isinstance(a, (int, float, bool, str, type(None))):
-            parts.append((type(a), a) if not (dynamic and type(a) is int) else int)
+        elif type(a) is int:
+            parts.append(int if dynamic else (int, a))
+        elif type(a) is float:
+            # hex tells -0.0 from 0.0 and keys a nan by value: See Note [Non-tensor inputs]
+            parts.append((float, a.hex()))
+        elif isinstance(a, VALUE_KINDS):
+            parts.append((type(a), a))
         else:
+            # graph inputs (SymInt, ScriptObject, opaque objects): See Note [Non-tensor inputs]
             parts.append(type(a))
     if len(flat_args) > 1:
         parts.append(_alias_key(flat_args, with_shapes=dynamic))
     return tuple(parts)
+
+
+def describe_flat_input(in_spec: Any, num_params_buffers: int, index: int) -> str:
+    """Name flat input ``index`` of ``(args, kwargs)`` flattened to ``in_spec`` for an
+    error message: "argument 1", "argument 0[2]", "keyword argument 'cfg'"."""
+    import torch.utils._pytree as pytree
+
+    leaves = pytree.tree_unflatten(list(range(in_spec.num_leaves)), in_spec)
+    for path, leaf in pytree.tree_flatten_with_path(leaves)[0]:
+        if leaf != index:
+            continue
+        top, rest = path[0], path[1:]
+        sub = "".join(str(k) for k in rest[1:])
+        if getattr(top, "idx", None) == 0:  # positional arguments
+            pos = getattr(rest[0], "idx", 0) - num_params_buffers
+            return f"argument {pos}{sub}" + (f" (flat input {index})" if sub else "")
+        return f"keyword argument {getattr(rest[0], 'key', rest[0])!r}{sub} (flat input {index})"
+    return f"flat input {index}"

@@ -1,6 +1,7 @@
 """aotkit_functional: helpers around functionalization and alias regeneration."""
 
 from ._alias_regeneration import as_plain_tensor as as_plain_tensor
+from ._bindings import apply_view_meta_sequence as apply_view_meta_sequence
 from ._alias_regeneration import regenerate_alias as regenerate_alias
 from ._eager_checks import EagerInplaceChecks as EagerInplaceChecks
 from ._eager_checks import has_internal_overlap as has_internal_overlap
@@ -25,6 +26,7 @@ from ._wrap import (
     mutations_under_no_grad_or_inference_mode as mutations_under_no_grad_or_inference_mode,
 )
 from ._wrap import natively_functionalized as natively_functionalized
+from ._wrap import recorded_view_chain as recorded_view_chain
 from ._wrap import storage_ref as storage_ref
 from ._wrap import storage_was_changed as storage_was_changed
 from ._wrap import to_functional as to_functional
@@ -32,6 +34,7 @@ from ._wrap import to_native_functional as to_native_functional
 
 __all__ = [
     "EagerInplaceChecks",
+    "apply_view_meta_sequence",
     "as_plain_tensor",
     "assert_functional_graph",
     "from_functional",
@@ -51,6 +54,7 @@ __all__ = [
     "natively_functionalized",
     "needs_python_functionalization",
     "python_mode_reason",
+    "recorded_view_chain",
     "regenerate_alias",
     "storage_ref",
     "storage_was_changed",

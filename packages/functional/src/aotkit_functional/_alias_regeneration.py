@@ -6,6 +6,14 @@
 # mutable afterwards, and with autograd history through the base. The compiled graph
 # still computes the alias (so a backend can pick memory formats knowing about it), but
 # the runtime discards that value and regenerates the alias from the runtime base:
+#   0. for a view of an input, functionalization's recorded view chain from that input
+#      (ViewMeta objects) is replayed on the runtime input. This is the only correct path
+#      when the input's own layout differs from the graph's value of it: after
+#      ``x.mul_(2)`` on a transposed, offset input the graph's updated ``x`` is a fresh
+#      contiguous tensor, so the graph's ``x[1:].t()`` has other strides and offset than
+#      eager's, and (1)/(2) below would copy the graph's layout onto the user's storage
+#      (wrong strides, wrong values). The chain is recorded at trace time (in
+#      aotkit_analysis), for inputs whose metadata the function did not change.
 #   1. view replay: when the graph's value is itself a view over the same storage, replay
 #      its recorded view chain (``_view_func``) on the base. The result has a proper view
 #      grad_fn (ViewBackward, SelectBackward, ...).
@@ -17,10 +25,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ._bindings import view_func
+from ._bindings import apply_view_meta_sequence, view_func
 
 
 def _reinterpret_like(base: torch.Tensor, target_dtype: torch.dtype) -> torch.Tensor:
@@ -50,6 +60,7 @@ def regenerate_alias(
     *,
     requires_grad: bool,
     relative_storage_offset: int | None = None,
+    view_chain: list[Any] | None = None,
 ) -> torch.Tensor:
     """Return a view of ``base`` with the metadata of ``graph_value``.
 
@@ -58,8 +69,12 @@ def regenerate_alias(
     (a backend copied it). See Note [View replay].
     """
     out: torch.Tensor | None = None
-    same_storage = _share_storage(graph_value, base)
-    if same_storage and graph_value._is_view():
+    if view_chain is not None:
+        out = apply_view_meta_sequence(base, view_chain)
+        same_storage = True
+    else:
+        same_storage = _share_storage(graph_value, base)
+    if out is None and same_storage and graph_value._is_view():
         view_base = graph_value._base
         assert view_base is not None
         replay_base = base

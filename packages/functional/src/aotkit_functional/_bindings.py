@@ -50,3 +50,24 @@ mirror_autograd_meta: Callable[[torch.Tensor, torch.Tensor], None] = _binding(
 )
 enable_functionalization: Callable[..., None] = _binding("_enable_functionalization")
 disable_functionalization: Callable[[], None] = _binding("_disable_functionalization")
+
+
+def view_meta_sequence(t: torch.Tensor) -> list[Any] | None:
+    """Functionalization's recorded view chain of FunctionalTensorWrapper ``t`` (the
+    ViewMeta objects from its base to it), or None when torch lacks the binding or a view
+    in the chain took symbolic arguments (it could not be replayed on runtime values)."""
+    mod = getattr(torch._C, "_functionalization", None)
+    getter = getattr(mod, "get_view_meta_sequence", None)
+    if getter is None or getattr(mod, "apply_view_meta_sequence", None) is None:
+        return None
+    seq: list[Any] = list(getter(t))
+    if any(getattr(vm, "has_symbolic_inputs", True) for vm in seq):
+        return None
+    return seq
+
+
+def apply_view_meta_sequence(base: torch.Tensor, seq: list[Any]) -> torch.Tensor:
+    """Replay a ``view_meta_sequence`` on ``base``: real view ops, so the result is a view
+    of ``base`` with eager's size, stride and storage offset."""
+    out: torch.Tensor = torch._C._functionalization.apply_view_meta_sequence(base, seq)
+    return out

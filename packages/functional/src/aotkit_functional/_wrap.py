@@ -98,6 +98,21 @@ def from_functional(value: Any) -> Any:
     return value
 
 
+def recorded_view_chain(value: Any) -> list[Any] | None:
+    """The view chain functionalization recorded from ``value``'s base to ``value`` (a
+    FunctionalTensor, or a native functional wrapper), for replay on a runtime base; None
+    when there is none to replay. See Note [View replay]."""
+    if isinstance(value, FunctionalTensor):
+        inner: Any = value.elem
+    elif isinstance(value, torch.Tensor) and _bindings.is_functional_wrapper(value):
+        inner = value
+    else:
+        return None
+    if not _bindings.is_functional_wrapper(inner):
+        return None
+    return _bindings.view_meta_sequence(inner)
+
+
 def is_functional(value: Any) -> bool:
     return isinstance(value, FunctionalTensor)
 

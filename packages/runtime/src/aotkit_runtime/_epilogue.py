@@ -2,11 +2,16 @@
 
 # Note [Runtime epilogue order]
 # After the compiled graph (or autograd.Function) returns, the wrapper
+#   0. takes a plain alias (same size, stride, offset) of each input whose metadata the
+#      function changed (``t_``): the in-place view chain recorded at trace time, and the
+#      view chains of outputs aliasing that input, start from the input as passed;
 #   1. applies every out-of-graph input mutation to the caller's tensors
-#      (metadata first with as_strided_, then data with copy_, or set_ for storage
-#      mutations), in input order;
+#      (metadata first with as_strided_ to the layout the recorded chain gives on the
+#      step-0 alias, or the graph's layout when no chain was recorded; then data with
+#      copy_, or set_ for storage mutations), in input order;
 #   2. regenerates aliased outputs from their bases (see Note [View replay]); aliases of
-#      inputs are built after step 1, so they see the mutated values and metadata;
+#      inputs are built after step 1, so they see the mutated values and metadata (a
+#      recorded chain is replayed on the step-0 alias, which shares the input's storage);
 #   3. returns the user outputs.
 # Nothing touches the caller's tensors before the graph has run to completion, so a
 # failing call never leaves inputs half-mutated.
@@ -18,13 +23,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from aotkit_functional import regenerate_alias
+from aotkit_functional import apply_view_meta_sequence, regenerate_alias
 from aotkit_schemas import OutputType, ViewAndMutationMeta
 
 
 def _apply_input_mutation(
     original: torch.Tensor, updated: torch.Tensor, *, data: bool, metadata: bool, storage: bool,
-    hidden: bool, leaf: bool
+    hidden: bool, leaf: bool, new_layout: torch.Tensor | None = None,
 ) -> None:
     if storage:
         with torch.no_grad():
@@ -32,7 +37,10 @@ def _apply_input_mutation(
                 updated.untyped_storage(), updated.storage_offset(), updated.size(), updated.stride()
             )
         return
-    if metadata:
+    if metadata and new_layout is not None:
+        # See Note [Runtime epilogue order]: the recorded in-place view chain, replayed
+        original.as_strided_(new_layout.size(), new_layout.stride(), new_layout.storage_offset())
+    elif metadata:
         original.as_strided_(updated.size(), updated.stride(), updated.storage_offset() if not data else original.storage_offset())
     if data:
         if leaf and original.requires_grad:
@@ -67,6 +75,12 @@ def make_epilogue(
     ``relative_offsets[j]`` is output j's storage offset minus its base's at trace time
     (None when not an alias). See Note [Runtime epilogue order].
     """
+    # See Note [Runtime epilogue order], step 0
+    pre_call_alias = tuple(
+        idx
+        for idx in meta.mutated_inp_runtime_indices
+        if meta.input_info[idx].view_meta_sequence is not None
+    )
     mutations = [
         (
             pos,
@@ -77,13 +91,15 @@ def make_epilogue(
             meta.input_info[idx].mutations_hidden_from_autograd
             or meta.input_info[idx].mutations_under_no_grad_or_inference_mode,
             meta.input_info[idx].is_leaf,
+            meta.input_info[idx].view_meta_sequence,
         )
         for pos, idx in enumerate(meta.mutated_inp_runtime_indices)
     ]
     n_mut = len(mutations)
     n_out = meta.num_outputs
     plan = [
-        (j, info.output_type, info.base_idx, info.requires_grad, relative_offsets[j])
+        (j, info.output_type, info.base_idx, info.requires_grad, relative_offsets[j],
+         info.view_meta_sequence)
         for j, info in enumerate(meta.output_info)
         if info.is_regenerated_alias
     ]
@@ -97,27 +113,32 @@ def make_epilogue(
         return plain
 
     def epilogue(args: list[Any], returns: Sequence[Any]) -> list[Any]:
-        for pos, idx, data, metadata, storage, hidden, leaf in mutations:
+        pre: dict[int, torch.Tensor] = {}
+        for idx in pre_call_alias:
+            a = args[idx]
+            pre[idx] = a.as_strided(a.size(), a.stride(), a.storage_offset())
+        for pos, idx, data, metadata, storage, hidden, leaf, in_chain in mutations:
             _apply_input_mutation(
                 args[idx], returns[pos], data=data, metadata=metadata, storage=storage,
                 hidden=hidden, leaf=leaf,
+                new_layout=apply_view_meta_sequence(pre[idx], in_chain) if in_chain else None,
             )
         outs = list(returns[n_mut : n_mut + n_out])
         bases = returns[n_mut + n_out :]
-        for j, kind, base_idx, requires_grad, rel in plan:
+        for j, kind, base_idx, requires_grad, rel, chain in plan:
             assert base_idx is not None
             if kind is OutputType.is_input:
                 outs[j] = args[base_idx]
                 continue
             if kind is OutputType.alias_of_input:
-                base = args[base_idx]
+                base = pre.get(base_idx, args[base_idx]) if chain is not None else args[base_idx]
             elif kind is OutputType.alias_of_intermediate_base_is_user_output:
                 base = outs[base_idx]
             else:
                 base = bases[base_idx]
             outs[j] = regenerate_alias(
                 base, outs[j], requires_grad=requires_grad,
-                relative_storage_offset=rel,
+                relative_storage_offset=rel, view_chain=chain,
             )
         if grad_mode_after is not None:
             torch.set_grad_enabled(grad_mode_after)

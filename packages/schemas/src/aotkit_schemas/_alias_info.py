@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class OutputType(enum.Enum):
@@ -104,6 +105,11 @@ class InputAliasInfo:
     requires_grad: bool
     keep_input_mutations: bool
     mutation_type: MutationType = field(init=False)
+    # metadata-mutated inputs only (not set_): functionalization's recorded chain of
+    # in-place views (t_, transpose_, ...) from the input as passed to its final metadata,
+    # replayed on the caller's tensor by the epilogue. See Note [View replay] in
+    # aotkit_functional.
+    view_meta_sequence: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.mutates_storage_metadata and not self.mutates_metadata:
@@ -151,6 +157,11 @@ class OutputAliasInfo:
     requires_grad: bool
     # requires_grad and the output's backward is traced (not a detached view).
     requires_grad_for_backward: bool = False
+    # alias_of_input only: functionalization's recorded view chain from the input as passed
+    # (before any in-place view of it) to this output (torch._C._functionalization ViewMeta
+    # list), replayed on the runtime input; None when unavailable (symbolic view arguments).
+    # See Note [View replay] in aotkit_functional.
+    view_meta_sequence: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         needs_base = self.output_type not in (
