@@ -18,7 +18,6 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_analysis import InputLayout, collect_metadata, compute_input_layout
-from aotkit_functional import as_plain_tensor
 from aotkit_runtime import (
     AutogradPlan,
     as_list_caller,
@@ -35,7 +34,6 @@ from aotkit_schemas import (
     OutputType,
     PartitionResult,
     ViewAndMutationMeta,
-    graph_outputs,
     reads_graph_only,
 )
 from torch._dispatch.python import enable_python_dispatcher
@@ -50,6 +48,13 @@ from ._fakify import construct_fake_mode, fakify_inputs
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
+from ._plan import (
+    gradless_inputs,
+    plain_view_outputs,
+    returning_plain_tensors,
+    static_tangent_like,
+    tangent_dependencies,
+)
 from ._shape_guards import ShapeGuard
 from ._single_pass import trace_single_pass
 from ._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
@@ -80,6 +85,17 @@ class CompiledArtifacts:
     single_pass_skipped: str | None = None
     native_functionalization: bool = False
     native_skipped: str | None = None
+    # See Note [On-disk compile cache]: restored from disk (no trace ran), and what the
+    # disk entry stores besides the graphs: the user inputs whose mutation made the layout
+    # use synthetic bases (None: the plain layout), the epilogue's output offsets, the
+    # stale tangents and backward-mutated inputs of the plan, and whether the tensor
+    # subclass layer was used (such entries are not stored)
+    from_cache: bool = False
+    mutated_user_inputs: tuple[int, ...] | None = None
+    relative_offsets: list[int | None] | None = None
+    stale_tangents: tuple[tuple[int, str], ...] = ()
+    backward_mutated_inputs: tuple[int, ...] = ()
+    subclass_layer: bool = False
 
     @property
     def path(self) -> str:
@@ -228,12 +244,13 @@ def _relative_offsets(
     return result
 
 
-def compile_flat(
+def compile_traced(
     flat_fn: FlatFn, flat_args: Sequence[Any], cfg: AOTConfig
 ) -> tuple[Runner, CompiledArtifacts]:
     """Trace, partition and compile ``flat_fn`` for inputs shaped like ``flat_args``.
 
-    Returns ``runner(flat_args) -> flat graph outputs`` (user outputs only).
+    Returns ``runner(flat_args) -> flat graph outputs`` (user outputs only). The public
+    entry, ``compile_flat``, adds the on-disk cache (See Note [On-disk compile cache]).
     """
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     layout = compute_input_layout(flat_args)
@@ -261,7 +278,8 @@ def compile_flat(
                 flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args, skipped
             )
     notify_compiled(artifacts)
-    return _finish(call, artifacts, meta, layout, cfg, fake, flat_args, shape_env, relative)
+    artifacts.relative_offsets = relative
+    return finish(call, artifacts, meta, layout, cfg, fake, flat_args, shape_env, relative)
 
 
 def _compile_two_pass(
@@ -297,19 +315,27 @@ def _compile_two_pass(
         return ci is not None and first_meta.input_info[ci].mutates_data
 
     with_bases = compute_input_layout(flat_args, mutated)
+    mutated_users: tuple[int, ...] | None = None
     if with_bases.key != layout.key:
         layout = with_bases
+        mutated_users = tuple(i for i in range(len(flat_args)) if mutated(i))
         meta, fake, traced_fn, fw_outs = _metadata(
             flat_fn, flat_args, layout, cfg, fake_mode, shape_env
         )
     if meta.is_train and not _output_needs_grad(meta):
         meta = _as_inference(meta, cfg.keep_inference_input_mutations)
-    artifacts = CompiledArtifacts(meta=meta, layout=layout, single_pass_skipped=single_pass_skipped)
+    artifacts = CompiledArtifacts(
+        meta=meta,
+        layout=layout,
+        single_pass_skipped=single_pass_skipped,
+        mutated_user_inputs=mutated_users,
+    )
     relative = _relative_offsets(meta, fake, fw_outs)
     # See Note [Tensor subclasses are desugared] in aotkit_schemas
     layer = SubclassLayer.build(fake, meta) if needs_subclass_layer(fake, fw_outs) else None
     if layer is not None:
         check_layer_applies(meta, layer)
+        artifacts.subclass_layer = True
     if meta.is_train:
         call = _compile_training(traced_fn, fake, meta, cfg, artifacts, subclasses=layer)
     else:
@@ -338,7 +364,7 @@ def _try_single_pass(
     return meta, traced_fn, fw_outs, (joint, joint_inputs)
 
 
-def _finish(
+def finish(
     call: Callable[[list[Any]], Sequence[Any]],
     artifacts: CompiledArtifacts,
     meta: ViewAndMutationMeta,
@@ -395,16 +421,25 @@ def _compile_inference(
     propagate_mutation_meta(gm.graph)  # See Note [Preserved node meta]
     log_inference(gm, meta)
     artifacts.inference_module = gm
-    example = fake if subclasses is None else unwrap_subclasses(fake)
+    if subclasses is None:
+        return inference_call(gm, fake, meta, cfg)
     with track_graph_compiling(cfg, "inference"):
-        raw = compiler(gm, example)
-    if subclasses is not None:
-        # flattening the inputs makes a new list, so a boxed graph may clear it
-        raw = subclass_forward(raw, subclasses.inp_metas, subclasses.fw_out_metas)
-        compiled = as_list_caller(raw)
-    else:
-        compiled = as_list_caller(raw)
-    if compiled is raw and subclasses is None:
+        raw = compiler(gm, unwrap_subclasses(fake))
+    # flattening the inputs makes a new list, so a boxed graph may clear it
+    raw = subclass_forward(raw, subclasses.inp_metas, subclasses.fw_out_metas)
+    return _no_grad_unless_grad_free(as_list_caller(raw), fake)
+
+
+def inference_call(
+    gm: torch.fx.GraphModule, fake: Sequence[Any], meta: ViewAndMutationMeta, cfg: AOTConfig
+) -> Callable[[list[Any]], Sequence[Any]]:
+    """Compile the inference graph ``gm`` (no tensor subclasses) and wrap it for the
+    epilogue; shared with the on-disk cache's restore."""
+    compiler = cfg.inference_compiler or cfg.fw_compiler
+    with track_graph_compiling(cfg, "inference"):
+        raw = compiler(gm, fake if isinstance(fake, list) else list(fake))
+    compiled = as_list_caller(raw)
+    if compiled is raw:
         # A boxed graph may clear the list it gets (Note [Boxed calling convention]); the
         # epilogue still reads the arguments, so it gets a copy. (The training path's
         # autograd.Function builds its own list.)
@@ -414,12 +449,16 @@ def _compile_inference(
             return boxed(list(args))
 
         compiled = call_with_copy
-    grad_free = not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake)
-    plain_views = _plain_view_outputs(gm, meta) if subclasses is None else ()
+    plain_views = plain_view_outputs(gm, meta)
     if plain_views:
-        compiled = _returning_plain_tensors(compiled, plain_views)
+        compiled = returning_plain_tensors(compiled, plain_views)
+    return _no_grad_unless_grad_free(compiled, fake)
 
-    if grad_free:
+
+def _no_grad_unless_grad_free(
+    compiled: Callable[[list[Any]], Sequence[Any]], fake: Sequence[Any]
+) -> Callable[[list[Any]], Sequence[Any]]:
+    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake):
         return compiled
 
     def run_no_grad(args: list[Any]) -> Sequence[Any]:
@@ -427,88 +466,6 @@ def _compile_inference(
             return compiled(args)
 
     return run_no_grad
-
-
-def _plain_view_outputs(gm: torch.fx.GraphModule, meta: ViewAndMutationMeta) -> tuple[int, ...]:
-    """Forward-return positions of non_alias outputs that ``gm`` computes as a view of an
-    intermediate no other forward return views. See Note [unsafe_view_alias outputs] in
-    aotkit_runtime. (Non-alias views of a shared intermediate, ``y[0], y[1]`` without
-    grad, stay views of it, as in eager.)"""
-    n_mut = meta.num_mutated_inp_runtime_indices
-    values = graph_outputs(gm)[: meta.num_forward_returns]
-    regenerated = {n_mut + j for j, o in enumerate(meta.output_info) if o.is_regenerated_alias}
-    roots = [
-        _view_root(v) if isinstance(v, torch.fx.Node) and i not in regenerated else None
-        for i, v in enumerate(values)
-    ]
-    positions = []
-    for j, info in enumerate(meta.output_info):
-        i = n_mut + j
-        node = values[i] if i < len(values) else None
-        if info.output_type is not OutputType.non_alias or not isinstance(node, torch.fx.Node):
-            continue
-        root = roots[i]
-        if (
-            _is_view_node(node)
-            and root is not None
-            and root.op != "placeholder"
-            and roots.count(root) == 1
-        ):
-            positions.append(i)
-    return tuple(positions)
-
-
-def _view_root(node: torch.fx.Node) -> torch.fx.Node:
-    while _is_view_node(node) and isinstance(node.args[0], torch.fx.Node):
-        node = node.args[0]
-    return node
-
-
-def _is_view_node(node: torch.fx.Node) -> bool:
-    return (
-        node.op == "call_function"
-        and isinstance(node.target, torch._ops.OpOverload)
-        and node.target.is_view
-    )
-
-
-def _returning_plain_tensors(
-    compiled: Callable[[list[Any]], Sequence[Any]], positions: tuple[int, ...]
-) -> Callable[[list[Any]], Sequence[Any]]:
-    """Return the outputs at ``positions`` as plain tensors when they are views (of graph
-    intermediates), as eager does. See Note [unsafe_view_alias outputs] in aotkit_runtime."""
-
-    def run(args: list[Any]) -> Sequence[Any]:
-        outs = list(compiled(args))
-        for i in positions:
-            o = outs[i]
-            if isinstance(o, torch.Tensor) and o._is_view():
-                outs[i] = as_plain_tensor(o)
-        return outs
-
-    return run
-
-
-def _tangent_dependencies(
-    bw_module: torch.fx.GraphModule, n_saved: int, n_tangents: int
-) -> tuple[frozenset[int], ...] | None:
-    """For every backward output, the tangents it is computed from (None when the
-    backward's placeholders do not follow the calling convention).
-
-    See Note [Gradients through unused outputs] in aotkit_runtime.
-    """
-    placeholders = [n for n in bw_module.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != n_saved + n_tangents:
-        return None
-    deps: dict[torch.fx.Node, frozenset[int]] = {
-        n: frozenset({k}) for k, n in enumerate(placeholders[n_saved:])
-    }
-    for node in bw_module.graph.nodes:
-        if node not in deps:
-            deps[node] = frozenset().union(*(deps[a] for a in node.all_input_nodes))
-    return tuple(
-        deps[o] if isinstance(o, torch.fx.Node) else frozenset() for o in graph_outputs(bw_module)
-    )
 
 
 def _lazy_modules(lazy: bool) -> contextlib.AbstractContextManager[None]:
@@ -557,11 +514,45 @@ def _compile_training(
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
     log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn))
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
+    artifacts.stale_tangents = tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items()))
+    artifacts.backward_mutated_inputs = tuple(joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()))
+    if subclasses is None:
+        return training_call(
+            partition, fake, meta, cfg, artifacts.stale_tangents, artifacts.backward_mutated_inputs
+        )
     with track_graph_compiling(cfg, "forward"):
         compiled_fw = cfg.fw_compiler(fw_module, fake)
+    compile_backward = _backward_compiler(partition, fake, cfg)
+
+    def compile_subclass_backward() -> Callable[..., Any]:
+        n_saved = partition.num_saved_symints + partition.num_saved_tensors
+        return subclass_backward(
+            compile_backward(),
+            n_saved,
+            subclasses.tangent_metas,
+            subclasses.grad_metas,
+            subclasses.zero_tangents(meta),
+        )
+
+    # the Function works on the user's values; only the compiled calls see the inner
+    # tensors, so the plan's graph-derived facts (positions in the graphs) are not used
+    plan = AutogradPlan(
+        meta=meta,
+        num_saved_tensors=partition.num_saved_tensors,
+        num_saved_symints=partition.num_saved_symints,
+        stale_tangents=artifacts.stale_tangents,
+    )
+    wrapped_fw = subclass_forward(compiled_fw, subclasses.inp_metas, subclasses.fw_out_metas)
+    return make_autograd_function(wrapped_fw, compile_subclass_backward, plan)
+
+
+def _backward_compiler(
+    partition: PartitionResult, fake: Sequence[Any], cfg: AOTConfig
+) -> Callable[[], Callable[..., Any]]:
+    bw_module = partition.bw_module
     with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
         bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
-    fake_mode = detect_fake_mode(fake) or FakeTensorMode()
+    fake_mode = detect_fake_mode(list(fake)) or FakeTensorMode()
     symbolic = fake_mode.shape_env is not None
 
     def compile_backward() -> Callable[..., Any]:
@@ -569,90 +560,45 @@ def _compile_training(
         # forward's fake mode; the autograd.Function caches the result.
         with _tracing_context(fake_mode, symbolic), track_graph_compiling(cfg, "backward"):
             compiled: Callable[..., Any] = cfg.bw_compiler(bw_module, bw_example)
-        if subclasses is not None:
-            n_saved = partition.num_saved_symints + partition.num_saved_tensors
-            return subclass_backward(
-                compiled,
-                n_saved,
-                subclasses.tangent_metas,
-                subclasses.grad_metas,
-                subclasses.zero_tangents(meta),
-            )
         return compiled
 
-    if subclasses is not None:
-        # the Function works on the user's values; only the compiled calls see the inner
-        # tensors, so the plan's graph-derived facts (positions in the graphs) are not used
-        plan = AutogradPlan(
-            meta=meta,
-            num_saved_tensors=partition.num_saved_tensors,
-            num_saved_symints=partition.num_saved_symints,
-            stale_tangents=tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items())),
-        )
-        wrapped_fw = subclass_forward(compiled_fw, subclasses.inp_metas, subclasses.fw_out_metas)
-        return make_autograd_function(wrapped_fw, compile_backward, plan)
+    return compile_backward
 
+
+def training_call(
+    partition: PartitionResult,
+    fake: Sequence[Any],
+    meta: ViewAndMutationMeta,
+    cfg: AOTConfig,
+    stale_tangents: tuple[tuple[int, str], ...],
+    backward_mutated_inputs: tuple[int, ...],
+) -> Callable[[list[Any]], Sequence[Any]]:
+    """Compile the forward now and the backward at its first call (no tensor subclasses);
+    the autograd.Function. Shared with the on-disk cache's restore."""
+    fw_module, bw_module = partition.fw_module, partition.bw_module
+    with track_graph_compiling(cfg, "forward"):
+        compiled_fw = cfg.fw_compiler(fw_module, fake if isinstance(fake, list) else list(fake))
+    compile_backward = _backward_compiler(partition, fake, cfg)
     plan = AutogradPlan(
         meta=meta,
         num_saved_tensors=partition.num_saved_tensors,
         num_saved_symints=partition.num_saved_symints,
-        tangent_deps=_tangent_dependencies(
+        tangent_deps=tangent_dependencies(
             bw_module,
             partition.num_saved_symints + partition.num_saved_tensors,
             len(meta.tangent_indices),
         ),
-        plain_view_outputs=_plain_view_outputs(fw_module, meta),
-        stale_tangents=tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items())),
-        static_tangent_like=_static_tangent_like(meta),
-        gradless_inputs=_gradless_inputs(bw_module, fake, meta),
-        backward_mutated_inputs=joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()),
+        plain_view_outputs=plain_view_outputs(fw_module, meta),
+        stale_tangents=stale_tangents,
+        static_tangent_like=static_tangent_like(meta),
+        gradless_inputs=gradless_inputs(bw_module, fake, meta),
+        backward_mutated_inputs=backward_mutated_inputs,
     )
-    run = make_autograd_function(compiled_fw, compile_backward, plan)
-    return run
+    return make_autograd_function(compiled_fw, compile_backward, plan)
 
 
 def _name(fn: Any) -> str:
     return str(getattr(fn, "__name__", None) or type(fn).__name__)
-
-
-def _gradless_inputs(
-    bw_module: torch.fx.GraphModule, fake: Sequence[Any], meta: ViewAndMutationMeta
-) -> tuple[int, ...]:
-    """Inputs that require grad but for which the backward graph returns None.
-
-    See Note [Inputs the backward never reaches] in aotkit_runtime. When every input that
-    requires grad is such an input, the ones not returned as (views of) themselves stay
-    attached: the node must keep an input that requires grad for its outputs to.
-    """
-    grads = graph_outputs(bw_module)
-    if len(grads) != len(fake):
-        return ()
-    needs = [i for i, a in enumerate(fake) if isinstance(a, torch.Tensor) and a.requires_grad]
-    gradless = [i for i in needs if grads[i] is None]
-    if len(gradless) < len(needs):
-        return tuple(gradless)
-    returned = {
-        o.base_idx
-        for o in meta.output_info
-        if o.output_type in (OutputType.is_input, OutputType.alias_of_input)
-    }
-    detached = tuple(i for i in gradless if i in returned)
-    return detached if len(detached) < len(needs) else ()
-
-
-def _static_tangent_like(
-    meta: ViewAndMutationMeta,
-) -> tuple[tuple[torch.Size, torch.dtype, torch.device] | None, ...] | None:
-    """(shape, dtype, device) of every tangent, or None when a shape is symbolic."""
-    result: list[tuple[torch.Size, torch.dtype, torch.device] | None] = []
-    for t in meta.traced_tangents:
-        if not isinstance(t, torch.Tensor):
-            result.append(None)
-            continue
-        if not all(type(d) is int for d in t.shape):
-            return None
-        result.append((torch.Size(t.shape), t.dtype, t.device))
-    return tuple(result)
 
 
 def _mark_runtime_mutated_primals(

@@ -14,9 +14,15 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
-from aotkit_capture import CompiledArtifacts, Runner, compile_flat
+from aotkit_capture import (
+    CompiledArtifacts,
+    Runner,
+    Uncacheable,
+    compile_flat,
+    program_fingerprint,
+)
 from aotkit_partitioners import default_partition
-from aotkit_schemas import AOTConfig
+from aotkit_schemas import AOTConfig, disk_cache_enabled
 
 from ._guards import input_key
 from ._outputs import OutputLayout, flatten_function
@@ -25,6 +31,15 @@ log = logging.getLogger(__name__)
 _AOT_COUNTER = itertools.count()
 # argument types that torch's pytree treats as leaves (None is not: it is an empty node)
 _FLAT_LEAF_TYPES = (torch.Tensor, int, float, bool, str)
+
+
+def fingerprint_or_none(program: Any) -> str | None:
+    """``program_fingerprint(program)``, or None (logged) when it cannot be fingerprinted."""
+    try:
+        return program_fingerprint(program)
+    except Uncacheable as e:
+        log.debug("aotkit cache: not caching %s: %s", type(program).__name__, e)
+        return None
 
 
 def _resolve_partitioner(partition_fn: Any) -> Callable[..., Any]:
@@ -145,7 +160,12 @@ class CompiledCache:
     def _compile(self, flat_args: list[Any], in_spec: pytree.TreeSpec) -> Entry:
         outputs = OutputLayout()
         flat_fn = flatten_function(self.fn, in_spec, outputs)
-        runner, artifacts = compile_flat(flat_fn, flat_args, self.cfg)
+        # See Note [On-disk compile cache] in aotkit_capture: off unless AOTKIT_CACHE=1 or
+        # disk_cache_config says so, and then only with compilers that offer cache keys
+        identity = fingerprint_or_none(self.fn) if disk_cache_enabled(default=False) else None
+        runner, artifacts = compile_flat(
+            flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
+        )
         return runner, outputs, artifacts
 
     @property
@@ -211,6 +231,10 @@ class _StateSlots:
                 prefix, _, leaf = name.rpartition(".")
                 owner: dict[str, Any] = getattr(mod.get_submodule(prefix), attr)
                 self.slots.append((owner, leaf, name))
+
+    def __aotkit_fingerprint__(self) -> Any:
+        """The slots' names; the module itself is fingerprinted separately."""
+        return (self.param_names, self.buffer_names)
 
     def current(self) -> list[Any]:
         values = []

@@ -6,6 +6,10 @@ from ._alias_info import OutputAliasInfo as OutputAliasInfo
 from ._alias_info import OutputType as OutputType
 from ._alias_info import mutation_can_stay_in_graph as mutation_can_stay_in_graph
 from ._config import AOTConfig as AOTConfig
+from ._disk_cache_config import DiskCacheConfig as DiskCacheConfig
+from ._disk_cache_config import disk_cache_config as disk_cache_config
+from ._disk_cache_config import disk_cache_dir as disk_cache_dir
+from ._disk_cache_config import disk_cache_enabled as disk_cache_enabled
 from ._json import JSON_SCHEMA_VERSION as JSON_SCHEMA_VERSION
 from ._json import CacheFormatError as CacheFormatError
 from ._json import TensorSpec as TensorSpec
@@ -57,6 +61,10 @@ from ._subclass_meta import num_unwrapped as num_unwrapped
 from ._view_and_mutation_meta import ViewAndMutationMeta as ViewAndMutationMeta
 
 __all__ = [
+    "DiskCacheConfig",
+    "disk_cache_config",
+    "disk_cache_dir",
+    "disk_cache_enabled",
     "JSON_SCHEMA_VERSION",
     "CacheFormatError",
     "TensorSpec",

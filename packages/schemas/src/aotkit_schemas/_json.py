@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
@@ -23,6 +23,7 @@ from ._alias_info import InputAliasInfo, OutputAliasInfo, OutputType
 from ._view_and_mutation_meta import ViewAndMutationMeta
 
 JSON_SCHEMA_VERSION = 1
+_T = TypeVar("_T")
 _CACHE_KEY_ATTR = "_aotkit_cache_key"
 
 
@@ -245,7 +246,7 @@ def compiler_cache_key(fn: Any) -> str | None:
 # ---- checked readers ----------------------------------------------------------------------
 
 
-def _construct(cls: Callable[..., Any], **kwargs: Any) -> Any:
+def _construct(cls: Callable[..., _T], **kwargs: Any) -> _T:
     try:
         return cls(**kwargs)
     except (AssertionError, ValueError, TypeError) as e:

@@ -148,6 +148,10 @@ class _Fingerprint:
             self.put("builtin", getattr(v, "__module__", None), getattr(v, "__qualname__", repr(v)))
         elif isinstance(v, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
             self.put("op", str(v))
+        elif callable(getattr(v, "__aotkit_fingerprint__", None)):
+            # an object that describes itself with plain data
+            self.put("self", type(v).__module__, type(v).__qualname__)
+            self.value(v.__aotkit_fingerprint__(), depth + 1)
         else:
             raise Uncacheable(f"cannot fingerprint a {type(v).__module__}.{type(v).__qualname__}")
 

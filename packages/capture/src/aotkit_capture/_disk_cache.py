@@ -30,17 +30,24 @@ import math
 import operator
 import os
 import pathlib
+import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import CacheFormatError, TensorSpec, dtype_from_name, dtype_name
+from aotkit_schemas import (
+    CacheFormatError,
+    TensorSpec,
+    disk_cache_dir,
+    dtype_from_name,
+    dtype_name,
+)
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._lazy_graph_module import _make_graph_module
 
-from ._cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
+from ._disk_cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
 
 log = logging.getLogger(__name__)
 
@@ -50,45 +57,9 @@ log = logging.getLogger(__name__)
 cache_counters: collections.Counter[str] = collections.Counter()
 
 
-@dataclass
-class CacheConfig:
-    """The on-disk cache settings; a field left None falls back to the environment.
-
-    ``enabled``: None reads ``AOTKIT_CACHE`` (``0``/``1``), else each entry point's
-    default (off for aot_function/aot_module, on for the aotkit torch.compile backends).
-    ``dir``: None reads ``AOTKIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/aotkit`` or
-    ``~/.cache/aotkit``.
-    """
-
-    enabled: bool | None = None
-    dir: str | None = None
-
-
-cache_config = CacheConfig()
-
-
-def cache_enabled(default: bool, requested: bool | None = None) -> bool:
-    """Whether to use the disk cache: ``requested`` (an entry point's argument) first, then
-    ``cache_config.enabled``, then ``AOTKIT_CACHE``, then ``default``."""
-    if requested is not None:
-        return requested
-    if cache_config.enabled is not None:
-        return cache_config.enabled
-    env = os.environ.get("AOTKIT_CACHE")
-    if env is not None and env.strip() in ("0", "1"):
-        return env.strip() == "1"
-    return default
-
-
 def cache_dir() -> pathlib.Path:
-    """The cache's root directory (not created)."""
-    if cache_config.dir:
-        return pathlib.Path(cache_config.dir)
-    env = os.environ.get("AOTKIT_CACHE_DIR")
-    if env:
-        return pathlib.Path(env)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "aotkit"
+    """The cache's root directory (not created); see ``aotkit_schemas.DiskCacheConfig``."""
+    return disk_cache_dir()
 
 
 def _entries_root() -> pathlib.Path:
@@ -99,24 +70,35 @@ def entry_path(key: str) -> pathlib.Path:
     return _entries_root() / key[:2] / f"{key}.json"
 
 
-def list_entries() -> list[tuple[pathlib.Path, int]]:
-    """Every entry file under the cache directory, with its size in bytes."""
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.json|\.tmp.*\.part")
+
+
+def _entry_files() -> list[pathlib.Path]:
+    """Entry files (and temporary files of writes) under the cache directory: only names
+    the cache writes, ``v<N>/<xx>/<sha256>.json``, so a directory shared with other files
+    (``AOTKIT_CACHE_DIR=~``) is never swept."""
     root = cache_dir()
     if not root.is_dir():
         return []
-    return sorted((p, p.stat().st_size) for p in root.rglob("*.json") if p.is_file())
+    found = []
+    for version in root.glob("v[0-9]*"):
+        for p in version.glob("??/*"):
+            if p.is_file() and _ENTRY_NAME.fullmatch(p.name):
+                found.append(p)
+    return sorted(found)
+
+
+def list_entries() -> list[tuple[pathlib.Path, int]]:
+    """Every entry file under the cache directory, with its size in bytes."""
+    return [(p, p.stat().st_size) for p in _entry_files() if p.suffix == ".json"]
 
 
 def clear_entries() -> int:
-    """Remove every entry file (and temporary file) under the cache directory; the count."""
+    """Remove every entry file (and leftover temporary file); the count removed."""
     removed = 0
-    root = cache_dir()
-    if not root.is_dir():
-        return 0
-    for p in list(root.rglob("*")):
-        if p.is_file() and (p.suffix == ".json" or p.name.startswith(".tmp")):
-            p.unlink(missing_ok=True)
-            removed += 1
+    for p in _entry_files():
+        p.unlink(missing_ok=True)
+        removed += 1
     return removed
 
 
@@ -186,7 +168,7 @@ def load(key: str) -> dict[str, Any] | None:
     return payload
 
 
-def _reject(path: pathlib.Path, why: str) -> None:
+def _reject(path: pathlib.Path, why: str) -> dict[str, Any] | None:
     cache_counters["reject"] += 1
     log.warning("aotkit cache: ignoring entry %s: %s; compiling again", path, why)
     return None
@@ -194,7 +176,8 @@ def _reject(path: pathlib.Path, why: str) -> None:
 
 def reject_payload(key: str, why: str) -> None:
     """Log that a checksummed payload failed a consistency check on load."""
-    _reject(entry_path(key), why)
+    cache_counters["reject"] += 1
+    log.warning("aotkit cache: ignoring entry %s: %s; compiling again", entry_path(key), why)
 
 
 # ---- graphs ---------------------------------------------------------------------------
@@ -383,4 +366,4 @@ def graph_from_json(d: Any, fake_mode: FakeTensorMode) -> torch.fx.GraphModule:
         graph.lint()
     except Exception as e:  # fx raises RuntimeError and others for malformed graphs
         raise CacheFormatError(f"cached graph does not lint: {e}") from e
-    return torch.fx.GraphModule(torch.nn.Module(), graph)
+    return _make_graph_module(torch.nn.Module(), graph)
