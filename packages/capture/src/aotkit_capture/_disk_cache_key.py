@@ -56,9 +56,16 @@ class Uncacheable(Exception):
 def ambient_state_key() -> tuple[Any, ...]:
     """The process-wide state a trace depends on besides its inputs.
 
-    Grad mode, autocast (CPU and CUDA: enabled, dtype), deterministic algorithms (and
-    warn-only), the default dtype, and float32 matmul precision.
+    Grad and inference mode, autocast (CPU and CUDA: enabled, dtype, weight cache),
+    deterministic algorithms (and warn-only), the default dtype, float32 matmul precision,
+    aotkit's functionalized-RNG switch, and the functorch configs aotkit's trace reads.
+
+    This is the disk cache's own function; the in-memory compile key has its own ambient
+    state in aotkit_frontends (to be unified).
     """
+    from aotkit_schemas import functionalize_rng_enabled
+
+    fconfig = torch._functorch.config
     return (
         torch.is_grad_enabled(),
         torch.is_inference_mode_enabled(),
@@ -66,10 +73,15 @@ def ambient_state_key() -> tuple[Any, ...]:
         torch.get_autocast_dtype("cpu"),
         torch.is_autocast_enabled("cuda"),
         torch.get_autocast_dtype("cuda"),
+        torch.is_autocast_cache_enabled(),
         torch.are_deterministic_algorithms_enabled(),
         torch.is_deterministic_algorithms_warn_only_enabled(),
         torch.get_default_dtype(),
         torch.get_float32_matmul_precision(),
+        functionalize_rng_enabled(),
+        getattr(fconfig, "functionalize_rng_ops", None),
+        getattr(fconfig, "view_replay_for_aliased_outputs", None),
+        getattr(fconfig, "activation_memory_budget", None),
     )
 
 
@@ -202,12 +214,17 @@ class _Fingerprint:
                     self.put("attr", name, attr)
 
     def module(self, m: torch.nn.Module, depth: int) -> None:
-        if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks:
+        if (
+            m._forward_hooks
+            or m._forward_pre_hooks
+            or m._backward_hooks
+            or m._backward_pre_hooks
+        ):
             raise Uncacheable(f"{type(m).__name__} has hooks")
         self.cls(type(m), depth + 1)
         self.put("nn", m.training, m.extra_repr())
         for name, attr in sorted(vars(m).items()):
-            if name.startswith("_") or name == "training":
+            if name in _MODULE_INTERNALS:
                 continue
             if isinstance(attr, torch.Tensor):
                 raise Uncacheable(f"{type(m).__name__}.{name} is a tensor attribute")
@@ -224,6 +241,11 @@ class _Fingerprint:
     def graph_module(self, gm: torch.fx.GraphModule, depth: int) -> None:
         self.put("gm", gm.code)
         for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                # a tensor constant's value is baked into the compiled graphs
+                attr = _get_attr(gm, str(node.target))
+                if isinstance(attr, torch.Tensor):
+                    raise Uncacheable(f"graph attribute {node.target} is a tensor constant")
             if node.op == "call_function" and isinstance(node.target, types.FunctionType):
                 self.function(node.target, depth + 1)
             elif node.op == "call_function" and isinstance(node.target, type):
@@ -237,6 +259,18 @@ class _Fingerprint:
 
     def hexdigest(self) -> str:
         return self.h.hexdigest()
+
+
+def _get_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+# nn.Module's own bookkeeping (parameters, buffers, children and hooks are read
+# separately); every other attribute, private or not, is part of the program
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 
 
 def _global_names(co: types.CodeType) -> list[str]:
