@@ -1,6 +1,11 @@
-"""Programs the on-disk cache tests run in fresh processes (``python this.py NAME``).
+"""Programs the on-disk cache tests run in fresh processes.
 
-Each prints one JSON line: outputs, gradients, buffers and aotkit_capture.cache_counters.
+``python this.py DIR[,DIR...] NAME[,NAME...] [REPEAT]``: for every cache directory, every
+program, REPEAT times (default 1), runs the program from a fresh compiled wrapper with
+the disk cache in that directory and records its outputs, gradients, buffers and the
+``aotkit_capture.cache_counters`` of that run alone. Prints one JSON line: a list of
+``{"dir", "name", ...}`` results. One process runs several programs because process
+start (importing torch) dominates these tests on a loaded CI machine.
 """
 
 from __future__ import annotations
@@ -124,8 +129,25 @@ PROGRAMS: dict[str, Callable[[], dict[str, Any]]] = {
     "compiled": compiled,
 }
 
+def main(argv: list[str]) -> list[dict[str, Any]]:
+    from aotkit_schemas import disk_cache_config
+
+    dirs, names = argv[0].split(","), argv[1].split(",")
+    repeat = int(argv[2]) if len(argv) > 2 else 1
+    results = []
+    for d in dirs:
+        disk_cache_config.dir = d
+        for _ in range(repeat):
+            for name in names:
+                torch.manual_seed(0)
+                torch._dynamo.reset()
+                cache_counters.clear()
+                result = PROGRAMS[name]()
+                result["counters"] = dict(cache_counters)
+                result["dir"], result["name"] = d, name
+                results.append(result)
+    return results
+
+
 if __name__ == "__main__":
-    torch.manual_seed(0)
-    result = PROGRAMS[sys.argv[1]]()
-    result["counters"] = dict(cache_counters)
-    print(json.dumps(result))
+    print(json.dumps(main(sys.argv[1:])))

@@ -3,8 +3,10 @@ concurrent writers, and what the key covers. See Note [On-disk compile cache].""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,21 +21,34 @@ from aotkit_schemas import CacheFormatError, meta_from_json, meta_to_json
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 PROGRAMS = str(Path(__file__).with_name("_disk_cache_programs.py"))
+ALL = ["mlp", "transformer", "convnet", "dynamic", "compiled"]
 
 
-def _run(name: str, cache: Path) -> dict[str, Any]:
-    env = {**os.environ, "AOTKIT_CACHE": "1", "AOTKIT_CACHE_DIR": str(cache)}
-    proc = subprocess.run(
-        [sys.executable, PROGRAMS, name], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    result["stderr"] = proc.stderr
+def _argv(dirs: list[Path], names: list[str], repeat: int = 1) -> list[str]:
+    return [sys.executable, PROGRAMS, ",".join(map(str, dirs)), ",".join(names), str(repeat)]
+
+
+def _env() -> dict[str, str]:
+    # the programs set aotkit_schemas.disk_cache_config.dir; AOTKIT_CACHE turns it on for
+    # aot_function/aot_module
+    return {**os.environ, "AOTKIT_CACHE": "1"}
+
+
+def _parse(out: str) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = json.loads(out.strip().splitlines()[-1])
     return result
 
 
+def _run(dirs: list[Path], names: list[str], repeat: int = 1) -> tuple[list[dict[str, Any]], str]:
+    proc = subprocess.run(
+        _argv(dirs, names, repeat), env=_env(), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _parse(proc.stdout), proc.stderr
+
+
 def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
-    skip = ("counters", "stderr")
+    skip = ("counters", "dir")
     assert {k: v for k, v in a.items() if k not in skip} == {
         k: v for k, v in b.items() if k not in skip
     }
@@ -43,26 +58,23 @@ def _entries(cache: Path) -> list[Path]:
     return sorted(cache.rglob("*.json"))
 
 
-@pytest.mark.parametrize("name", ["mlp", "transformer", "convnet", "compiled"])
-def test_cold_then_warm(name: str, tmp_path: Path) -> None:
-    cold = _run(name, tmp_path)
-    assert cold["counters"].get("trace", 0) >= 1
-    assert cold["counters"].get("store", 0) == cold["counters"]["trace"]
-    warm = _run(name, tmp_path)
-    # no trace ran: every compilation came from the disk
-    assert "trace" not in warm["counters"], warm["counters"]
-    assert warm["counters"]["hit"] == cold["counters"]["store"]
-    _same(cold, warm)
-
-
-def test_dynamic_shapes_program_is_traced_again(tmp_path: Path) -> None:
-    # dynamic-shape compilations are not cached yet (See Note [On-disk cache keys]); the
-    # warm run traces again and agrees with the cold one
-    cold = _run("dynamic", tmp_path)
-    warm = _run("dynamic", tmp_path)
-    assert warm["counters"].get("uncacheable") == 1 and warm["counters"].get("trace") == 1
-    assert not _entries(tmp_path)
-    _same(cold, warm)
+def test_cold_then_warm(tmp_path: Path) -> None:
+    # one process compiles every program cold, a fresh one runs them warm
+    cold, _ = _run([tmp_path], ALL)
+    warm, _ = _run([tmp_path], ALL)
+    for c, w in zip(cold, warm, strict=True):
+        name = c["name"]
+        _same(c, w)
+        if name == "dynamic":
+            # Not cached yet: a compilation with symbolic sizes is refused by the key (See
+            # Note [On-disk cache keys]); the warm run traces again and agrees
+            assert w["counters"].get("trace") == 1 and w["counters"].get("uncacheable") == 1
+            continue
+        assert c["counters"].get("trace", 0) >= 1, (name, c["counters"])
+        assert c["counters"].get("store", 0) == c["counters"]["trace"], (name, c["counters"])
+        # no trace ran: every compilation came from the disk
+        assert "trace" not in w["counters"], (name, w["counters"])
+        assert w["counters"]["hit"] == c["counters"]["store"], (name, w["counters"])
 
 
 def _corrupt(p: Path) -> None:
@@ -86,10 +98,14 @@ def _version_change(p: Path) -> None:
     p.write_text(json.dumps(doc))
 
 
+def _format_change(p: Path) -> None:
+    doc = json.loads(p.read_text())
+    doc["format"] = 999
+    p.write_text(json.dumps(doc))
+
+
 def _tamper_with_checksum(p: Path) -> None:
     # a payload that checks out by hash but names an operator that does not exist
-    import hashlib
-
     doc = json.loads(p.read_text())
     text = doc["payload"].replace("op:aten::mm.default", "op:aten::no_such_op.default")
     text = text.replace("op:aten::addmm.default", "op:aten::no_such_op.default")
@@ -99,44 +115,96 @@ def _tamper_with_checksum(p: Path) -> None:
     p.write_text(json.dumps(doc))
 
 
-@pytest.mark.parametrize(
-    "damage", [_corrupt, _truncate, _bit_flip, _version_change, _tamper_with_checksum],
-    ids=lambda f: f.__name__.strip("_"),
-)
-def test_damaged_entries_are_ignored_and_recompiled(damage: Any, tmp_path: Path) -> None:
-    cold = _run("mlp", tmp_path)
-    entries = _entries(tmp_path)
+def _tamper_with_inputs(p: Path) -> None:
+    # a payload that checks out by hash but whose graph takes inputs of another shape
+    doc = json.loads(p.read_text())
+    text = doc["payload"].replace('"shape":[5,8]', '"shape":[6,8]')
+    assert text != doc["payload"]
+    doc["payload"] = text
+    doc["sha256"] = hashlib.sha256(text.encode()).hexdigest()
+    p.write_text(json.dumps(doc))
+
+
+DAMAGES = [
+    _corrupt, _truncate, _bit_flip, _version_change, _format_change, _tamper_with_checksum,
+    _tamper_with_inputs,
+]
+
+
+def test_damaged_entries_are_ignored_and_recompiled(tmp_path: Path) -> None:
+    cold_dir = tmp_path / "cold"
+    (cold,), _ = _run([cold_dir], ["mlp"])
+    entries = _entries(cold_dir)
     assert len(entries) == cold["counters"]["store"] >= 1
-    for p in entries:
-        damage(p)
-    warm = _run("mlp", tmp_path)
-    assert warm["counters"].get("reject") == len(entries), warm["counters"]
-    assert warm["counters"].get("trace") == len(entries)
-    assert "aotkit cache: ignoring entry" in warm["stderr"]
-    _same(cold, warm)
-    # the recompiled entries replaced the damaged ones
-    again = _run("mlp", tmp_path)
-    assert again["counters"] == {"hit": len(entries)}
-    _same(cold, again)
+    dirs = []
+    for damage in DAMAGES:
+        d = tmp_path / damage.__name__.strip("_")
+        shutil.copytree(cold_dir, d)
+        for p in _entries(d):
+            damage(p)
+        dirs.append(d)
+    # per directory: a run that finds the damaged entries, then one that finds the
+    # entries the first rewrote
+    results, stderr = _run(dirs, ["mlp"], repeat=2)
+    assert "aotkit cache: ignoring entry" in stderr
+    for d, (warm, again) in zip(dirs, zip(results[::2], results[1::2], strict=True), strict=True):
+        assert warm["counters"].get("reject") == len(entries), (d.name, warm["counters"])
+        assert warm["counters"].get("trace") == len(entries), (d.name, warm["counters"])
+        _same(cold, warm)
+        assert again["counters"] == {"hit": len(entries)}, (d.name, again["counters"])
+        _same(cold, again)
 
 
 def test_two_processes_compiling_at_once_leave_valid_entries(tmp_path: Path) -> None:
-    env = {**os.environ, "AOTKIT_CACHE": "1", "AOTKIT_CACHE_DIR": str(tmp_path)}
     procs = [
-        subprocess.Popen([sys.executable, PROGRAMS, "transformer"], env=env,
+        subprocess.Popen(_argv([tmp_path], ["mlp"]), env=_env(),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for _ in range(2)
     ]
     results = []
     for p in procs:
-        out, err = p.communicate(timeout=300)
+        try:
+            out, err = p.communicate(timeout=600)
+        finally:
+            p.kill()
         assert p.returncode == 0, err[-3000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
+        results.extend(_parse(out))
     _same(results[0], results[1])
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".tmp")]
-    warm = _run("transformer", tmp_path)
+    entries = _entries(tmp_path)
+    assert len(entries) == results[0]["counters"]["store"]
+    for p in entries:  # each a complete, checksummed document
+        doc = json.loads(p.read_text())
+        assert hashlib.sha256(doc["payload"].encode()).hexdigest() == doc["sha256"]
+    (warm,), _ = _run([tmp_path], ["mlp"])
     assert "trace" not in warm["counters"] and "reject" not in warm["counters"]
     _same(results[0], warm)
+
+
+def test_cache_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from aotkit._cli import main
+    from aotkit_schemas import disk_cache_config
+
+    entry = tmp_path / "v1" / "ab" / ("ab" + "0" * 62 + ".json")
+    entry.parent.mkdir(parents=True)
+    entry.write_text("{}")
+    other = tmp_path / "notes.json"  # not an entry: never listed or removed
+    other.write_text("{}")
+    disk_cache_config.dir = str(tmp_path)
+    try:
+        assert main(["cache", "where"]) == 0
+        assert capsys.readouterr().out.strip() == str(tmp_path)
+        assert main(["cache", "list"]) == 0
+        assert str(entry) in capsys.readouterr().out
+        assert main(["cache", "size"]) == 0
+        assert capsys.readouterr().out.strip() == "1 entries, 2 bytes"
+        assert main(["cache"]) == 0
+        assert "entries: 1, 2 bytes" in capsys.readouterr().out
+        assert main(["cache", "clear"]) == 0
+        assert "removed 1 files" in capsys.readouterr().out
+    finally:
+        disk_cache_config.dir = None
+    assert not entry.exists() and other.exists()
 
 
 # ---- in-process checks of the format and the key --------------------------------------
@@ -213,6 +281,17 @@ def test_key_covers_custom_function_code_and_ambient_state() -> None:
     finally:
         _Double.backward = original  # type: ignore[method-assign]
     assert program_fingerprint(_use_double) == before
+    # a constant in the forward's code changes the key too
+    original_fw = _Double.forward
+
+    def other_forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2.5
+
+    _Double.forward = staticmethod(other_forward)  # type: ignore[method-assign,assignment]
+    try:
+        assert program_fingerprint(_use_double) != before
+    finally:
+        _Double.forward = original_fw  # type: ignore[method-assign]
 
     cfg = make_config(aotkit.nop, aotkit.nop, default_partition, None, 0, False, None)
     args = [torch.randn(3, requires_grad=True)]
@@ -227,5 +306,15 @@ def test_key_covers_custom_function_code_and_ambient_state() -> None:
         assert entry_key(before, args, cfg) != key
     finally:
         torch.set_default_dtype(old)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert entry_key(before, args, cfg) != key
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert entry_key(before, args, cfg) != key
+    finally:
+        torch.use_deterministic_algorithms(False)
     assert entry_key(before, [torch.randn(4, requires_grad=True)], cfg) != key
+    assert entry_key(before, [torch.randn(3)], cfg) != key
+    assert entry_key(before, [torch.randn(3, dtype=torch.float64, requires_grad=True)], cfg) != key
+    assert entry_key(before, [torch.randn(6, requires_grad=True)[::2]], cfg) != key
     assert entry_key(before, args, cfg) == key
