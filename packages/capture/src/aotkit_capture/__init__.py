@@ -14,6 +14,11 @@ from ._backward_mutations import (
 )
 from ._compile import CompiledArtifacts as CompiledArtifacts
 from ._compile import Runner as Runner
+from ._context import get_aot_compilation_context as get_aot_compilation_context
+from ._context import get_aot_graph_name as get_aot_graph_name
+from ._context import get_graph_being_compiled as get_graph_being_compiled
+from ._context import set_model_name as set_model_name
+from ._context import track_graph_compiling as track_graph_compiling
 from ._disk_cache import cache_counters as cache_counters
 from ._disk_cache import cache_dir as cache_dir
 from ._disk_cache import clear_entries as clear_entries
@@ -23,11 +28,6 @@ from ._disk_cache_entry import CacheSidecar as CacheSidecar
 from ._disk_cache_key import Uncacheable as Uncacheable
 from ._disk_cache_key import ambient_state_key as ambient_state_key
 from ._disk_cache_key import program_fingerprint as program_fingerprint
-from ._context import get_aot_compilation_context as get_aot_compilation_context
-from ._context import get_aot_graph_name as get_aot_graph_name
-from ._context import get_graph_being_compiled as get_graph_being_compiled
-from ._context import set_model_name as set_model_name
-from ._context import track_graph_compiling as track_graph_compiling
 from ._errors import AOTCompileError as AOTCompileError
 from ._errors import explain_tracing_errors as explain_tracing_errors
 from ._export_trace import AOTExportError as AOTExportError

@@ -1,23 +1,50 @@
-"""The on-disk compile cache: settings, the entry file format, graphs as JSON.
+"""The on-disk compile cache: the entry file format, reading and writing, graphs as JSON.
 
 # Note [On-disk compile cache]
-# One compiled entry (one program, one input pattern, see Note [On-disk cache keys]) is
-# one file ``<dir>/v<FORMAT>/<key[:2]>/<key>.json``:
+# What: one compiled entry (one program, one input pattern, one ambient state; See Note
+# [On-disk cache keys]) is one file ``<dir>/v<FORMAT>/<key[:2]>/<key>.json``:
 #     {"format": 1, "torch": "...", "aotkit": "<source hash>", "key": "<key>",
 #      "sha256": "<hash of payload>", "payload": "<JSON text>"}
-# The payload holds the ViewAndMutationMeta (See Note [Cache JSON format] in
-# aotkit_schemas), the input layout's synthetic-base choice, the output offsets of the
-# epilogue, and the forward/backward or inference graphs in a structured form: every node
-# with its op, name, target, arguments and the shape/stride/dtype/device of its value.
-# Targets are looked up, never evaluated: ATen overloads through ``torch.ops`` and a closed
-# table of Python operators. Reading an entry never runs code from the cache directory and
-# never unpickles. A file that does not parse, has another format, torch or aotkit hash,
-# another key, a wrong checksum, or a payload that fails any check is logged at WARNING,
-# ignored, and the program is compiled again (and the entry rewritten).
-# Writes go to a temporary file in the same directory, then ``os.replace``: readers and a
-# second writer of the same key see the old file or the new one, never a half-written one.
-# The compiler's own result is not stored: on a hit the graphs go through the compilers
-# again (nop: cheap; Inductor: served by Inductor's own FX graph cache, keyed on the graph).
+# The payload holds the ViewAndMutationMeta (versioned JSON, See Note [Cache JSON format]
+# in aotkit_schemas), the input layout (its key and the user inputs whose mutation chose
+# synthetic bases), the epilogue's output offsets, the plan's stale tangents and
+# backward-mutated inputs, the trace path flags, the frontend's output layout (the
+# ``CacheSidecar``), and the forward/backward or inference graphs in a structured form:
+# every node with its op, name, target, arguments and the shape/stride/dtype/device/
+# requires_grad of its value.
+# Invariants:
+#   * Never unpickle, never evaluate. Targets are looked up, not evaluated: ATen overloads
+#     through ``torch.ops`` and a closed table of Python operators; dtypes, enums and
+#     output types through closed tables. Reading an entry never runs code from the cache
+#     directory.
+#   * Never crash, never a wrong result. A file that does not parse, has another format,
+#     torch or aotkit hash, another key, a wrong checksum, or a payload that fails any
+#     check on rebuild (unknown op, graph that does not lint, metadata that breaks a
+#     dataclass invariant, placeholders that do not describe the call's inputs, another
+#     input layout) is logged at WARNING, ignored, and the program is compiled again (the
+#     entry is then rewritten). The checksum catches damage, not forgery: a forged entry
+#     still goes through every check above, and the key covers what the checks cannot.
+#   * Atomic writes. Writes go to a temporary file in the entry's directory, then
+#     ``os.replace``: readers and a second writer of the same key see the old file or the
+#     new one, never a half-written one; two writers leave one valid entry.
+#   * A warm hit skips fakification, the metadata pass, the joint trace and the
+#     partitioner: it rebuilds the graphs with fake values, hands them to the compilers
+#     (``_compile.training_call``/``inference_call``, the same code a fresh compilation
+#     runs) and wraps the epilogue. The compiler's own artifact is not stored by aotkit:
+#     nop recompiles from the graph (cheap); ``aotkit_inductor``'s compilers call
+#     ``compile_fx_inner``, whose FX graph cache (keyed on the graph, inputs and Inductor's
+#     config, in Inductor's own cache directory) serves the compiled artifact.
+#   * Not stored (compiled every time, never an error): graphs with symbolic sizes
+#     (dynamic shapes: no entry is stored, so no entry can be used where its shape guards
+#     would not hold), tensor subclass inputs/outputs, graphs with higher-order ops (the
+#     functionalized RNG's ``run_and_save_rng_state``), tensor constants, exports, and
+#     programs, inputs or compilers the key cannot describe (``Uncacheable``).
+# When: off by default for aot_function/aot_module (and then only with compilers and a
+# partitioner that declare a cache key, See Note [Compiler cache keys] in aotkit_schemas),
+# on by default for the ``aotkit_eager``/``aotkit_inductor`` torch.compile backends.
+# ``AOTKIT_CACHE=0/1`` or ``aotkit_schemas.disk_cache_config.enabled`` overrides both;
+# ``AOTKIT_CACHE_DIR`` or ``disk_cache_config.dir`` picks the directory (default
+# ``~/.cache/aotkit``). ``aotkit cache`` shows, lists and clears it.
 """
 
 from __future__ import annotations

@@ -12,13 +12,17 @@
 #   * every input's metadata: type, dtype, device, layout, sizes, strides, storage offset,
 #     requires_grad, the aliasing pattern (which inputs share storage), and the values of
 #     Python scalars (traced as constants);
-#   * ambient state, ``ambient_state_key()``: grad mode, autocast, deterministic algorithms,
-#     default dtype, matmul precision;
+#   * ambient state, ``ambient_state_key()``: grad and inference mode, autocast (CPU, CUDA,
+#     weight cache), deterministic algorithms, default dtype, matmul precision, aotkit's
+#     functionalized-RNG switch and the functorch configs the trace reads (this is the disk
+#     cache's own function; the in-memory key in aotkit_frontends._guards has its own);
 #   * the configuration: partitioner, compilers (See Note [Compiler cache keys] in
 #     aotkit_schemas), decompositions (op name plus the decomposition's code),
 #     keep_inference_input_mutations, parameter count, static inputs;
 #   * the versions: torch's, the cache format's, and a hash of aotkit's own sources (a
 #     development checkout changes without a version bump).
+# Modules are fingerprinted with every attribute that is not nn.Module bookkeeping (private
+# ones too); dynamo graphs are refused when a get_attr reads a tensor constant.
 # Anything the fingerprint cannot describe safely (an object of unknown type in a global,
 # a module with hooks, a tensor attribute, a symbolic size) raises ``Uncacheable``: the
 # compilation then simply is not cached. Being unable to cache is never an error.
