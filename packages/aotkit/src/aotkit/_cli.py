@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from ._cache_cli import add_cache_command
 from ._commands import add_compare, add_inspect
 from ._demo import add_demo
 
@@ -17,8 +18,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_demo(sub)
     add_inspect(sub)
     add_compare(sub)
+    add_cache_command(sub)
     args = parser.parse_args(argv)
-    code: int = args.run(args)
+    handler = getattr(args, "run", None) or args.handler
+    code: int = handler(args)
     return code
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from aotkit_schemas import get_logger
+from aotkit_schemas import get_logger, mark_cache_key
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -99,6 +99,12 @@ def inductor_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -
     return _compile(gm, example_inputs, retrace=True)
 
 
+# Inductor compiles the graph again on an on-disk cache hit, and its own FX graph cache
+# (keyed on the graph, the inputs and Inductor's config) serves the compiled artifact, so
+# the key names the recipe only. See Note [Compiler cache keys] in aotkit_schemas.
+mark_cache_key(inductor_compiler, "aotkit.inductor/1")
+
+
 def make_inductor_compiler(*, retrace: bool = True) -> Callable[..., BoxedCallable]:
     """``inductor_compiler``, or with ``retrace=False`` its twin for graphs traced with
     Inductor's decomposition table, which are not re-traced (See Note [Why
@@ -111,6 +117,8 @@ def make_inductor_compiler(*, retrace: bool = True) -> Callable[..., BoxedCallab
     ) -> BoxedCallable:
         return _compile(gm, example_inputs, retrace=False)
 
+    # See Note [Compiler cache keys] in aotkit_schemas
+    mark_cache_key(inductor_compiler_for_decomposed_graphs, "aotkit.inductor.decomposed/1")
     return inductor_compiler_for_decomposed_graphs
 
 

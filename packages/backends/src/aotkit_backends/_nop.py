@@ -6,7 +6,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch.fx
-from aotkit_schemas import mark_graph_reader, mark_lazy_unboxed_entry, mark_stealing_entry
+from aotkit_schemas import (
+    mark_cache_key,
+    mark_graph_reader,
+    mark_lazy_unboxed_entry,
+    mark_stealing_entry,
+)
 from torch.fx._lazy_graph_module import _LazyGraphModule
 
 from ._boxing import BoxedCallable, make_boxed_func
@@ -50,3 +55,4 @@ def nop(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> BoxedCallabl
 
 
 mark_graph_reader(nop)
+mark_cache_key(nop, "aotkit.nop")

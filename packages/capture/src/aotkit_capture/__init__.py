@@ -14,12 +14,20 @@ from ._backward_mutations import (
 )
 from ._compile import CompiledArtifacts as CompiledArtifacts
 from ._compile import Runner as Runner
-from ._compile import compile_flat as compile_flat
 from ._context import get_aot_compilation_context as get_aot_compilation_context
 from ._context import get_aot_graph_name as get_aot_graph_name
 from ._context import get_graph_being_compiled as get_graph_being_compiled
 from ._context import set_model_name as set_model_name
 from ._context import track_graph_compiling as track_graph_compiling
+from ._disk_cache import cache_counters as cache_counters
+from ._disk_cache import cache_dir as cache_dir
+from ._disk_cache import clear_entries as clear_entries
+from ._disk_cache import list_entries as list_entries
+from ._disk_cache_compile import compile_flat as compile_flat
+from ._disk_cache_entry import CacheSidecar as CacheSidecar
+from ._disk_cache_key import Uncacheable as Uncacheable
+from ._disk_cache_key import ambient_state_key as ambient_state_key
+from ._disk_cache_key import program_fingerprint as program_fingerprint
 from ._errors import AOTCompileError as AOTCompileError
 from ._errors import explain_tracing_errors as explain_tracing_errors
 from ._export_trace import AOTExportError as AOTExportError
@@ -42,6 +50,14 @@ from ._trace import trace_inference as trace_inference
 from ._trace import trace_joint as trace_joint
 
 __all__ = [
+    "CacheSidecar",
+    "Uncacheable",
+    "ambient_state_key",
+    "cache_counters",
+    "cache_dir",
+    "clear_entries",
+    "list_entries",
+    "program_fingerprint",
     "BACKWARD_INPUT_METADATA_MUTATION",
     "BACKWARD_TANGENT_METADATA_MUTATION",
     "AOTCompileError",

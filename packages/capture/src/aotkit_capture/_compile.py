@@ -89,6 +89,17 @@ class CompiledArtifacts:
     single_pass_skipped: str | None = None
     native_functionalization: bool = False
     native_skipped: str | None = None
+    # See Note [On-disk compile cache]: restored from disk (no trace ran), and what the
+    # disk entry stores besides the graphs: the user inputs whose mutation made the layout
+    # use synthetic bases (None: the plain layout), the epilogue's output offsets, the
+    # stale tangents and backward-mutated inputs of the plan, and whether the tensor
+    # subclass layer was used (such entries are not stored)
+    from_cache: bool = False
+    mutated_user_inputs: tuple[int, ...] | None = None
+    relative_offsets: list[int | None] | None = None
+    stale_tangents: tuple[tuple[int, str], ...] = ()
+    backward_mutated_inputs: tuple[int, ...] = ()
+    subclass_layer: bool = False
 
     @property
     def path(self) -> str:
@@ -237,12 +248,13 @@ def _relative_offsets(
     return result
 
 
-def compile_flat(
+def compile_traced(
     flat_fn: FlatFn, flat_args: Sequence[Any], cfg: AOTConfig
 ) -> tuple[Runner, CompiledArtifacts]:
     """Trace, partition and compile ``flat_fn`` for inputs shaped like ``flat_args``.
 
-    Returns ``runner(flat_args) -> flat graph outputs`` (user outputs only).
+    Returns ``runner(flat_args) -> flat graph outputs`` (user outputs only). The public
+    entry, ``compile_flat``, adds the on-disk cache (See Note [On-disk compile cache]).
     """
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     try:
@@ -282,7 +294,8 @@ def _compile_flat(
                 flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args, skipped
             )
     notify_compiled(artifacts)
-    return _finish(call, artifacts, meta, layout, cfg, fake, flat_args, shape_env, relative)
+    artifacts.relative_offsets = relative
+    return finish(call, artifacts, meta, layout, cfg, fake, flat_args, shape_env, relative)
 
 
 def _compile_two_pass(
@@ -318,20 +331,28 @@ def _compile_two_pass(
         return ci is not None and first_meta.input_info[ci].mutates_data
 
     with_bases = compute_input_layout(flat_args, mutated)
+    mutated_users: tuple[int, ...] | None = None
     if with_bases.key != layout.key:
         layout = with_bases
+        mutated_users = tuple(i for i in range(len(flat_args)) if mutated(i))
         meta, fake, traced_fn, fw_outs = _metadata(
             flat_fn, flat_args, layout, cfg, fake_mode, shape_env
         )
     if meta.is_train and not _output_needs_grad(meta):
         meta = _as_inference(meta, cfg.keep_inference_input_mutations)
-    artifacts = CompiledArtifacts(meta=meta, layout=layout, single_pass_skipped=single_pass_skipped)
+    artifacts = CompiledArtifacts(
+        meta=meta,
+        layout=layout,
+        single_pass_skipped=single_pass_skipped,
+        mutated_user_inputs=mutated_users,
+    )
     relative = _relative_offsets(meta, fake, fw_outs)
     # See Note [Tensor subclasses are desugared] in aotkit_schemas
     layer = SubclassLayer.build(fake, meta) if needs_subclass_layer(fake, fw_outs) else None
     if layer is not None:
         check_layer_applies(meta, layer)
         check_no_subclass_effects(meta)  # See Note [Effect tokens]
+        artifacts.subclass_layer = True
     if meta.is_train:
         call = _compile_training(traced_fn, fake, meta, cfg, artifacts, subclasses=layer)
     else:
@@ -360,7 +381,7 @@ def _try_single_pass(
     return meta, traced_fn, fw_outs, (joint, joint_inputs)
 
 
-def _finish(
+def finish(
     call: Callable[[list[Any]], Sequence[Any]],
     artifacts: CompiledArtifacts,
     meta: ViewAndMutationMeta,
@@ -417,19 +438,30 @@ def _compile_inference(
     propagate_mutation_meta(gm.graph)  # See Note [Preserved node meta]
     log_inference(gm, meta)
     artifacts.inference_module = gm
-    example = fake if subclasses is None else unwrap_subclasses(fake)
-    n_tok = len(meta.tokens)  # See Note [Effect tokens]
+    if subclasses is None:
+        return inference_call(gm, fake, meta, cfg)
+    check_no_subclass_effects(meta)  # See Note [Effect tokens]
+    with track_graph_compiling(cfg, "inference"):
+        raw = compiler(gm, unwrap_subclasses(fake))
+    # flattening the inputs makes a new list, so a boxed graph may clear it
+    raw = subclass_forward(raw, subclasses.inp_metas, subclasses.fw_out_metas)
+    return _no_grad_unless_grad_free(as_list_caller(raw), fake)
+
+
+def inference_call(
+    gm: torch.fx.GraphModule, fake: Sequence[Any], meta: ViewAndMutationMeta, cfg: AOTConfig
+) -> Callable[[list[Any]], Sequence[Any]]:
+    """Compile the inference graph ``gm`` (no tensor subclasses) and wrap it for the
+    epilogue; shared with the on-disk cache's restore."""
+    compiler = cfg.inference_compiler or cfg.fw_compiler
+    n_tok = len(meta.tokens)  # See Note [Effect tokens]: the tokens lead
+    example = list(fake)
     if n_tok:
         example = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
     with track_graph_compiling(cfg, "inference"):
         raw = forward_with_tokens(compiler(gm, example), n_tok)
-    if subclasses is not None:
-        # flattening the inputs makes a new list, so a boxed graph may clear it
-        raw = subclass_forward(raw, subclasses.inp_metas, subclasses.fw_out_metas)
-        compiled = as_list_caller(raw)
-    else:
-        compiled = as_list_caller(raw)
-    if compiled is raw and subclasses is None:
+    compiled = as_list_caller(raw)
+    if compiled is raw:
         # A boxed graph may clear the list it gets (Note [Boxed calling convention]); the
         # epilogue still reads the arguments, so it gets a copy. (The training path's
         # autograd.Function builds its own list.)
@@ -439,12 +471,16 @@ def _compile_inference(
             return boxed(list(args))
 
         compiled = call_with_copy
-    grad_free = not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake)
-    plain_views = plain_view_outputs(gm, meta, n_tok) if subclasses is None else ()
+    plain_views = plain_view_outputs(gm, meta, n_tok)
     if plain_views:
         compiled = returning_plain_tensors(compiled, plain_views)
+    return _no_grad_unless_grad_free(compiled, fake)
 
-    if grad_free:
+
+def _no_grad_unless_grad_free(
+    compiled: Callable[[list[Any]], Sequence[Any]], fake: Sequence[Any]
+) -> Callable[[list[Any]], Sequence[Any]]:
+    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake):
         return compiled
 
     def run_no_grad(args: list[Any]) -> Sequence[Any]:
@@ -503,12 +539,45 @@ def _compile_training(
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
     log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn))
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
+    artifacts.stale_tangents = tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items()))
+    artifacts.backward_mutated_inputs = tuple(joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()))
+    if subclasses is None:
+        return training_call(
+            partition, fake, meta, cfg, artifacts.stale_tangents, artifacts.backward_mutated_inputs
+        )
     with track_graph_compiling(cfg, "forward"):
-        fw_example = list(joint_inputs[0]) if n_tok else fake  # the tokens lead
-        compiled_fw = forward_with_tokens(cfg.fw_compiler(fw_module, fw_example), n_tok)
+        compiled_fw = cfg.fw_compiler(fw_module, fake)
+    compile_backward = _backward_compiler(partition, fake, cfg)
+
+    def compile_subclass_backward() -> Callable[..., Any]:
+        n_saved = partition.num_saved_symints + partition.num_saved_tensors
+        return subclass_backward(
+            compile_backward(),
+            n_saved,
+            subclasses.tangent_metas,
+            subclasses.grad_metas,
+            subclasses.zero_tangents(meta),
+        )
+
+    # the Function works on the user's values; only the compiled calls see the inner
+    # tensors, so the plan's graph-derived facts (positions in the graphs) are not used
+    plan = AutogradPlan(
+        meta=meta,
+        num_saved_tensors=partition.num_saved_tensors,
+        num_saved_symints=partition.num_saved_symints,
+        stale_tangents=artifacts.stale_tangents,
+    )
+    wrapped_fw = subclass_forward(compiled_fw, subclasses.inp_metas, subclasses.fw_out_metas)
+    return make_autograd_function(wrapped_fw, compile_subclass_backward, plan)
+
+
+def _backward_compiler(
+    partition: PartitionResult, fake: Sequence[Any], cfg: AOTConfig, n_bw_tokens: int = 0
+) -> Callable[[], Callable[..., Any]]:
+    bw_module = partition.bw_module
     with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
         bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
-    fake_mode = detect_fake_mode(fake) or FakeTensorMode()
+    fake_mode = detect_fake_mode(list(fake)) or FakeTensorMode()
     symbolic = fake_mode.shape_env is not None
 
     def compile_backward() -> Callable[..., Any]:
@@ -516,31 +585,32 @@ def _compile_training(
         # forward's fake mode; the autograd.Function caches the result.
         with _tracing_context(fake_mode, symbolic), track_graph_compiling(cfg, "backward"):
             compiled: Callable[..., Any] = backward_with_tokens(
-                cfg.bw_compiler(bw_module, bw_example), n_bw_tok
-            )
-        if subclasses is not None:
-            n_saved = partition.num_saved_symints + partition.num_saved_tensors
-            return subclass_backward(
-                compiled,
-                n_saved,
-                subclasses.tangent_metas,
-                subclasses.grad_metas,
-                subclasses.zero_tangents(meta),
+                cfg.bw_compiler(bw_module, bw_example), n_bw_tokens
             )
         return compiled
 
-    if subclasses is not None:
-        # the Function works on the user's values; only the compiled calls see the inner
-        # tensors, so the plan's graph-derived facts (positions in the graphs) are not used
-        plan = AutogradPlan(
-            meta=meta,
-            num_saved_tensors=partition.num_saved_tensors,
-            num_saved_symints=partition.num_saved_symints,
-            stale_tangents=tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items())),
-        )
-        wrapped_fw = subclass_forward(compiled_fw, subclasses.inp_metas, subclasses.fw_out_metas)
-        return make_autograd_function(wrapped_fw, compile_backward, plan)
+    return compile_backward
 
+
+def training_call(
+    partition: PartitionResult,
+    fake: Sequence[Any],
+    meta: ViewAndMutationMeta,
+    cfg: AOTConfig,
+    stale_tangents: tuple[tuple[int, str], ...],
+    backward_mutated_inputs: tuple[int, ...],
+) -> Callable[[list[Any]], Sequence[Any]]:
+    """Compile the forward now and the backward at its first call (no tensor subclasses);
+    the autograd.Function. Shared with the on-disk cache's restore."""
+    fw_module, bw_module = partition.fw_module, partition.bw_module
+    # See Note [Effect tokens]: the forward's leading inputs and outputs are its tokens
+    n_tok, n_bw_tok = len(meta.tokens), meta.num_backward_tokens
+    fw_example = list(fake)
+    if n_tok:
+        fw_example = [n.meta.get("val") for n in fw_module.graph.find_nodes(op="placeholder")]
+    with track_graph_compiling(cfg, "forward"):
+        compiled_fw = forward_with_tokens(cfg.fw_compiler(fw_module, fw_example), n_tok)
+    compile_backward = _backward_compiler(partition, fake, cfg, n_bw_tok)
     plan = AutogradPlan(
         meta=meta,
         num_saved_tensors=partition.num_saved_tensors,
@@ -552,13 +622,12 @@ def _compile_training(
             n_bw_tok,
         ),
         plain_view_outputs=plain_view_outputs(fw_module, meta, n_tok),
-        stale_tangents=tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items())),
+        stale_tangents=stale_tangents,
         static_tangent_like=static_tangent_like(meta),
         gradless_inputs=gradless_inputs(bw_module, fake, meta, n_bw_tok),
-        backward_mutated_inputs=joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()),
+        backward_mutated_inputs=backward_mutated_inputs,
     )
-    run = make_autograd_function(compiled_fw, compile_backward, plan)
-    return run
+    return make_autograd_function(compiled_fw, compile_backward, plan)
 
 
 def _name(fn: Any) -> str:

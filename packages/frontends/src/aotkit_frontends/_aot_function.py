@@ -13,9 +13,16 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
-from aotkit_capture import CompiledArtifacts, Runner, check_input_kinds, compile_flat
+from aotkit_capture import (
+    CompiledArtifacts,
+    Runner,
+    Uncacheable,
+    check_input_kinds,
+    compile_flat,
+    program_fingerprint,
+)
 from aotkit_partitioners import default_partition
-from aotkit_schemas import AOTConfig
+from aotkit_schemas import AOTConfig, disk_cache_enabled
 
 from ._guards import describe_flat_input, input_key
 from ._outputs import OutputLayout, flatten_function
@@ -24,6 +31,15 @@ from ._recompile import log_recompile
 _AOT_COUNTER = itertools.count()
 # argument types that torch's pytree treats as leaves (None is not: it is an empty node)
 _FLAT_LEAF_TYPES = (torch.Tensor, int, float, bool, str)
+
+
+def fingerprint_or_none(program: Any) -> str | None:
+    """``program_fingerprint(program)``, or None (logged) when it cannot be fingerprinted."""
+    try:
+        return program_fingerprint(program)
+    except Uncacheable as e:
+        log.debug("aotkit cache: not caching %s: %s", type(program).__name__, e)
+        return None
 
 
 def _resolve_partitioner(partition_fn: Any) -> Callable[..., Any]:
@@ -143,7 +159,12 @@ class CompiledCache:
         ))
         outputs = OutputLayout()
         flat_fn = flatten_function(self.fn, in_spec, outputs)
-        runner, artifacts = compile_flat(flat_fn, flat_args, self.cfg)
+        # See Note [On-disk compile cache] in aotkit_capture: off unless AOTKIT_CACHE=1 or
+        # disk_cache_config says so, and then only with compilers that offer cache keys
+        identity = fingerprint_or_none(self.fn) if disk_cache_enabled(default=False) else None
+        runner, artifacts = compile_flat(
+            flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
+        )
         return runner, outputs, artifacts
 
     @property
@@ -209,6 +230,10 @@ class _StateSlots:
                 prefix, _, leaf = name.rpartition(".")
                 owner: dict[str, Any] = getattr(mod.get_submodule(prefix), attr)
                 self.slots.append((owner, leaf, name))
+
+    def __aotkit_fingerprint__(self) -> Any:
+        """The slots' names; the module itself is fingerprinted separately."""
+        return (self.param_names, self.buffer_names)
 
     def current(self) -> list[Any]:
         values = []

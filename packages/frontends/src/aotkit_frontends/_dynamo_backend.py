@@ -50,10 +50,11 @@ import torch
 import torch.fx
 from aotkit_backends import make_inductor_compiler, nop
 from aotkit_partitioners import default_partition, min_cut_rematerialization_partition
+from aotkit_schemas import mark_cache_key
 from torch._decomp import get_decompositions
 from torch.utils._python_dispatch import _disable_current_modes
 
-from ._simplified import aot_module_simplified
+from ._simplified import aot_module_simplified, disk_cache_default
 
 DecompositionsArg = dict[Any, Callable[..., Any]] | Callable[[], dict[Any, Callable[..., Any]]]
 
@@ -66,15 +67,18 @@ class AotAutograd:
     first compilation (Inductor's table is expensive to import).
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, disk_cache: bool = False, **kwargs: Any) -> None:
         if "fw_compiler" not in kwargs or kwargs["fw_compiler"] is None:
             raise TypeError("aot_autograd: fw_compiler is required")
         self.__name__ = "compiler_fn"
         self.kwargs = kwargs
         # what the user passed, before the first compile resolves it: See Note [Pickling
         # a backend]
-        self._given = dict(kwargs)
+        self._given = dict(kwargs, disk_cache=disk_cache)
         self._registered_as: str | None = None
+        # the on-disk cache's default for this backend (See Note [On-disk compile cache]
+        # in aotkit_capture): on for aotkit_eager and aotkit_inductor
+        self.disk_cache = disk_cache
 
     # Note [Pickling a backend]
     # ``pickle.dumps(torch.compile(model, backend=b))`` pickles the backend ``b`` (inside
@@ -116,7 +120,8 @@ class AotAutograd:
 
         counters["aot_autograd"]["total"] += 1
         try:
-            forward = aot_module_simplified(gm, example_inputs, **self.kwargs)
+            with disk_cache_default(self.disk_cache):
+                forward = aot_module_simplified(gm, example_inputs, **self.kwargs)
         except Exception:
             counters["aot_autograd"]["not_ok"] += 1
             raise
@@ -275,13 +280,16 @@ def _inductor_keeping_layouts(
 # Like torch's aot_eager and inductor backends, both keep eligible input mutations in the
 # graph (a custom backward's write to a buffer the forward also wrote needs it; See Note
 # [Data mutations in the backward] in aotkit_capture).
-aotkit_eager = aot_autograd(
+mark_cache_key(_inductor_keeping_layouts, "aotkit.inductor.keeping_layouts/1")
+aotkit_eager = AotAutograd(
+    disk_cache=True,
     fw_compiler=nop,
     bw_compiler=nop,
     partition_fn=default_partition,
     keep_inference_input_mutations=True,
 )
-aotkit_inductor = aot_autograd(
+aotkit_inductor = AotAutograd(
+    disk_cache=True,
     fw_compiler=_inductor_keeping_layouts,
     bw_compiler=_inductor_keeping_layouts,
     partition_fn=min_cut_rematerialization_partition,

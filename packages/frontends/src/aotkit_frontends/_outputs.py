@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from aotkit_capture import Uncacheable
+from aotkit_schemas import CacheFormatError, dtype_from_name, dtype_name
 
 _CONSTANT_TYPES = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device,
                    torch.layout, torch.memory_format, torch.Size)
@@ -106,6 +108,70 @@ class OutputLayout:
         for i, first in self.repeats.items():
             leaves[i] = leaves[first]
         return pytree.tree_unflatten(leaves, self.spec)
+
+
+    def to_json(self) -> Any:
+        """This layout as JSON data, for the on-disk cache; raises Uncacheable for a
+        constant leaf without a JSON form."""
+        if self.spec is None:
+            raise Uncacheable("the output layout was not recorded")
+        return {
+            "spec": pytree.treespec_dumps(self.spec),
+            "num_leaves": self.num_leaves,
+            "graph": self.graph_leaf_indices,
+            "constants": [[i, _constant_to_json(v)] for i, v in sorted(self.constants.items())],
+            "repeats": sorted([i, j] for i, j in self.repeats.items()),
+            "single_leaf": self.single_leaf,
+            "flat_tuple": self.flat_tuple,
+        }
+
+    def load_json(self, d: Any) -> None:
+        """Fill this layout from ``to_json``'s data; raises CacheFormatError."""
+        try:
+            spec = pytree.treespec_loads(d["spec"])
+            graph = [int(i) for i in d["graph"]]
+            constants = {int(i): _constant_from_json(v) for i, v in d["constants"]}
+            repeats = {int(i): int(j) for i, j in d["repeats"]}
+            num, single, flat = int(d["num_leaves"]), bool(d["single_leaf"]), bool(d["flat_tuple"])
+        except (KeyError, TypeError, ValueError, NotImplementedError) as e:
+            raise CacheFormatError(f"bad output layout: {e}") from e
+        if spec.num_leaves != num or len(graph) + len(constants) + len(repeats) != num:
+            raise CacheFormatError("the output layout's leaves do not add up")
+        self.spec, self.num_leaves, self.graph_leaf_indices = spec, num, graph
+        self.constants, self.repeats, self.single_leaf, self.flat_tuple = (
+            constants, repeats, single, flat
+        )
+
+
+def _constant_to_json(v: Any) -> Any:
+    if v is None or type(v) in (bool, int, str):
+        return {"v": v}
+    if type(v) is float:
+        return {"f": v.hex()}
+    if isinstance(v, torch.dtype):
+        return {"dtype": dtype_name(v)}
+    if isinstance(v, torch.device):
+        return {"device": str(v)}
+    if type(v) is torch.Size:
+        return {"size": list(v)}
+    raise Uncacheable(f"output constant of type {type(v).__name__} has no cache form")
+
+
+def _constant_from_json(d: Any) -> Any:
+    if not isinstance(d, dict) or len(d) != 1:
+        raise CacheFormatError("bad output constant")
+    (tag, v), = d.items()
+    if tag == "v" and (v is None or type(v) in (bool, int, str)):
+        return v
+    if tag == "f" and isinstance(v, str):
+        return float.fromhex(v)
+    if tag == "dtype" and isinstance(v, str):
+        return dtype_from_name(v)
+    if tag == "device" and isinstance(v, str):
+        return torch.device(v)
+    if tag == "size" and isinstance(v, list) and all(type(x) is int for x in v):
+        return torch.Size(v)
+    raise CacheFormatError("bad output constant")
 
 
 def _repeated_tensors(leaves: Sequence[Any]) -> dict[int, int]:

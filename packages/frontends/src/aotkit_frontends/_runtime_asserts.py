@@ -147,4 +147,6 @@ def checking_fake_constants(partition_fn: Callable[..., Any]) -> Callable[..., A
         assert_no_fake_params_or_buffers(joint)
         return partition_fn(joint, *args, **kwargs)
 
+    # the wrapped partitioner's cache key is the wrapper's (Note [Compiler cache keys])
+    partition.__wrapped__ = partition_fn  # type: ignore[attr-defined]
     return partition

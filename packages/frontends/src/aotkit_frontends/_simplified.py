@@ -18,8 +18,10 @@ reads the parameters and buffers once instead of on every call.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sys
-from collections.abc import Callable, KeysView, Sequence
+from collections.abc import Callable, Iterator, KeysView, Sequence
 from typing import Any, cast
 
 import torch
@@ -28,11 +30,12 @@ import torch.fx
 import torch.nn as nn
 from aotkit_capture import call_preserving_node_meta, compile_flat
 from aotkit_partitioners import default_partition
+from aotkit_schemas import disk_cache_enabled
 from torch._guards import Source, TracingContext
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils import stateless
 
-from ._aot_function import _resolve_partitioner, make_config
+from ._aot_function import _resolve_partitioner, fingerprint_or_none, make_config
 from ._outputs import OutputLayout
 from ._runtime_asserts import (
     Check,
@@ -106,6 +109,23 @@ def _is_gm_wrapper(mod: object) -> bool:
     must already be loaded for one to exist. See Note [Import cost]."""
     utils = sys.modules.get("torch._dynamo.utils")
     return utils is not None and isinstance(mod, utils.GmWrapper)
+
+
+_DISK_CACHE_DEFAULT: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "aotkit_disk_cache_default", default=False
+)
+
+
+@contextlib.contextmanager
+def disk_cache_default(enabled: bool) -> Iterator[None]:
+    """Whether aot_module_simplified uses the on-disk cache when neither AOTKIT_CACHE nor
+    ``disk_cache_config.enabled`` decides: on for the aotkit torch.compile backends, off
+    for direct calls. See Note [On-disk compile cache] in aotkit_capture."""
+    token = _DISK_CACHE_DEFAULT.set(enabled)
+    try:
+        yield
+    finally:
+        _DISK_CACHE_DEFAULT.reset(token)
 
 
 def _checked(runner: Callable[[list[Any]], Any], checks: list[Check]) -> Callable[[list[Any]], Any]:
@@ -192,7 +212,11 @@ def aot_module_simplified(
         return outputs.record(out)
 
     debug_assert = functorch_config.debug_assert
-    runner, artifacts = compile_flat(functional_call, full_args, cfg)
+    # See Note [On-disk compile cache] in aotkit_capture
+    identity = fingerprint_or_none(mod) if disk_cache_enabled(_DISK_CACHE_DEFAULT.get()) else None
+    runner, artifacts = compile_flat(
+        functional_call, full_args, cfg, cache_identity=identity, cache_sidecar=outputs
+    )
     # See Note [Runtime checks of aot_module_simplified]
     register_duplicate_guards(artifacts.layout, sources)
     checks = [duplicate_input_check(artifacts.layout, cfg)]

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import is_sym_node
+from aotkit_schemas import is_sym_node, mark_cache_key
 
 from ._extract import build_modules
 from ._joint import JointInfo, analyze_joint, forward_available, is_primal, sorted_nodes
@@ -157,3 +157,7 @@ def default_partition(
     if functional and any(is_random(n) for n in recomputed):
         replay_recomputed_rng_inplace(fw, bw, num_fwd_outputs)
     return fw, bw
+
+
+# See Note [Compiler cache keys] in aotkit_schemas
+mark_cache_key(default_partition, "aotkit.default_partition")

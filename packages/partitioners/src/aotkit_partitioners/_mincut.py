@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import RUNTIME_MUTATED_INPUT_KEY, is_sym_node
+from aotkit_schemas import RUNTIME_MUTATED_INPUT_KEY, is_sym_node, mark_cache_key
 
 from ._cost import SYMINT_BYTES, node_bytes
 from ._cse import cse_graph, duplicates
@@ -394,3 +394,7 @@ def min_cut_rematerialization_partition(
     )
     saved = solve(problem)
     return partition_with_saved(info, problem, saved, static_lifetime_input_indices)
+
+
+# See Note [Compiler cache keys] in aotkit_schemas
+mark_cache_key(min_cut_rematerialization_partition, "aotkit.min_cut_rematerialization_partition")

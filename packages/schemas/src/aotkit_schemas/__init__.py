@@ -6,6 +6,20 @@ from ._alias_info import OutputAliasInfo as OutputAliasInfo
 from ._alias_info import OutputType as OutputType
 from ._alias_info import mutation_can_stay_in_graph as mutation_can_stay_in_graph
 from ._config import AOTConfig as AOTConfig
+from ._disk_cache_config import DiskCacheConfig as DiskCacheConfig
+from ._disk_cache_config import disk_cache_config as disk_cache_config
+from ._disk_cache_config import disk_cache_dir as disk_cache_dir
+from ._disk_cache_config import disk_cache_enabled as disk_cache_enabled
+from ._json import JSON_SCHEMA_VERSION as JSON_SCHEMA_VERSION
+from ._json import CacheFormatError as CacheFormatError
+from ._json import TensorSpec as TensorSpec
+from ._json import compiler_cache_key as compiler_cache_key
+from ._json import dtype_from_name as dtype_from_name
+from ._json import dtype_name as dtype_name
+from ._json import mark_cache_key as mark_cache_key
+from ._json import meta_from_json as meta_from_json
+from ._json import meta_to_json as meta_to_json
+from ._json import raw_type_serializable as raw_type_serializable
 from ._logging import LogSettings as LogSettings
 from ._logging import LogSpecError as LogSpecError
 from ._logging import artifact_enabled as artifact_enabled
@@ -47,6 +61,20 @@ from ._subclass_meta import num_unwrapped as num_unwrapped
 from ._view_and_mutation_meta import ViewAndMutationMeta as ViewAndMutationMeta
 
 __all__ = [
+    "DiskCacheConfig",
+    "disk_cache_config",
+    "disk_cache_dir",
+    "disk_cache_enabled",
+    "JSON_SCHEMA_VERSION",
+    "CacheFormatError",
+    "TensorSpec",
+    "compiler_cache_key",
+    "dtype_from_name",
+    "dtype_name",
+    "mark_cache_key",
+    "meta_from_json",
+    "meta_to_json",
+    "raw_type_serializable",
     "AOTConfig",
     "BackwardSignature",
     "CompiledGraph",

@@ -1,0 +1,396 @@
+"""The on-disk compile cache: the entry file format, reading and writing, graphs as JSON.
+
+# Note [On-disk compile cache]
+# What: one compiled entry (one program, one input pattern, one ambient state; See Note
+# [On-disk cache keys]) is one file ``<dir>/v<FORMAT>/<key[:2]>/<key>.json``:
+#     {"format": 1, "torch": "...", "aotkit": "<source hash>", "key": "<key>",
+#      "sha256": "<hash of payload>", "payload": "<JSON text>"}
+# The payload holds the ViewAndMutationMeta (versioned JSON, See Note [Cache JSON format]
+# in aotkit_schemas), the input layout (its key and the user inputs whose mutation chose
+# synthetic bases), the epilogue's output offsets, the plan's stale tangents and
+# backward-mutated inputs, the trace path flags, the frontend's output layout (the
+# ``CacheSidecar``), and the forward/backward or inference graphs in a structured form:
+# every node with its op, name, target, arguments and the shape/stride/dtype/device/
+# requires_grad of its value.
+# Invariants:
+#   * Never unpickle, never evaluate. Targets are looked up, not evaluated: ATen overloads
+#     through ``torch.ops`` and a closed table of Python operators; dtypes, enums and
+#     output types through closed tables. Reading an entry never runs code from the cache
+#     directory.
+#   * Never crash, never a wrong result. A file that does not parse, has another format,
+#     torch or aotkit hash, another key, a wrong checksum, or a payload that fails any
+#     check on rebuild (unknown op, graph that does not lint, metadata that breaks a
+#     dataclass invariant, placeholders that do not describe the call's inputs, another
+#     input layout) is logged at WARNING, ignored, and the program is compiled again (the
+#     entry is then rewritten). The checksum catches damage, not forgery: a forged entry
+#     still goes through every check above, and the key covers what the checks cannot.
+#   * Atomic writes. Writes go to a temporary file in the entry's directory, then
+#     ``os.replace``: readers and a second writer of the same key see the old file or the
+#     new one, never a half-written one; two writers leave one valid entry.
+#   * A warm hit skips fakification, the metadata pass, the joint trace and the
+#     partitioner: it rebuilds the graphs with fake values, hands them to the compilers
+#     (``_compile.training_call``/``inference_call``, the same code a fresh compilation
+#     runs) and wraps the epilogue. The compiler's own artifact is not stored by aotkit:
+#     nop recompiles from the graph (cheap); ``aotkit_inductor``'s compilers call
+#     ``compile_fx_inner``, whose FX graph cache (keyed on the graph, inputs and Inductor's
+#     config, in Inductor's own cache directory) serves the compiled artifact.
+#   * Not stored (compiled every time, never an error): graphs with symbolic sizes
+#     (dynamic shapes: no entry is stored, so no entry can be used where its shape guards
+#     would not hold), tensor subclass inputs/outputs, graphs with higher-order ops (the
+#     functionalized RNG's ``run_and_save_rng_state``), tensor constants, exports, and
+#     programs, inputs or compilers the key cannot describe (``Uncacheable``).
+# When: off by default for aot_function/aot_module (and then only with compilers and a
+# partitioner that declare a cache key, See Note [Compiler cache keys] in aotkit_schemas),
+# on by default for the ``aotkit_eager``/``aotkit_inductor`` torch.compile backends.
+# ``AOTKIT_CACHE=0/1`` or ``aotkit_schemas.disk_cache_config.enabled`` overrides both;
+# ``AOTKIT_CACHE_DIR`` or ``disk_cache_config.dir`` picks the directory (default
+# ``~/.cache/aotkit``). ``aotkit cache`` shows, lists and clears it.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import math
+import operator
+import os
+import pathlib
+import re
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+from aotkit_schemas import (
+    CacheFormatError,
+    TensorSpec,
+    disk_cache_dir,
+    dtype_from_name,
+    dtype_name,
+)
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx._lazy_graph_module import _make_graph_module
+
+from ._disk_cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
+
+log = logging.getLogger(__name__)
+
+# trace: full compilations (fakify + metadata + trace + partition); hit/miss: disk lookups;
+# store: entries written; reject: entries found but ignored; uncacheable: compilations
+# the key could not describe
+cache_counters: collections.Counter[str] = collections.Counter()
+
+
+def cache_dir() -> pathlib.Path:
+    """The cache's root directory (not created); see ``aotkit_schemas.DiskCacheConfig``."""
+    return disk_cache_dir()
+
+
+def _entries_root() -> pathlib.Path:
+    return cache_dir() / f"v{CACHE_FORMAT}"
+
+
+def entry_path(key: str) -> pathlib.Path:
+    return _entries_root() / key[:2] / f"{key}.json"
+
+
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.json|\.tmp.*\.part")
+
+
+def _entry_files() -> list[pathlib.Path]:
+    """Entry files (and temporary files of writes) under the cache directory: only names
+    the cache writes, ``v<N>/<xx>/<sha256>.json``, so a directory shared with other files
+    (``AOTKIT_CACHE_DIR=~``) is never swept."""
+    root = cache_dir()
+    if not root.is_dir():
+        return []
+    found = []
+    for version in root.glob("v[0-9]*"):
+        for p in version.glob("??/*"):
+            if p.is_file() and _ENTRY_NAME.fullmatch(p.name):
+                found.append(p)
+    return sorted(found)
+
+
+def list_entries() -> list[tuple[pathlib.Path, int]]:
+    """Every entry file under the cache directory, with its size in bytes."""
+    return [(p, p.stat().st_size) for p in _entry_files() if p.suffix == ".json"]
+
+
+def clear_entries() -> int:
+    """Remove every entry file (and leftover temporary file); the count removed."""
+    removed = 0
+    for p in _entry_files():
+        p.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
+# ---- reading and writing entry files ---------------------------------------------------
+
+
+def store(key: str, payload: dict[str, Any]) -> None:
+    """Write one entry atomically. See Note [On-disk compile cache]."""
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    doc = {
+        "format": CACHE_FORMAT,
+        "torch": torch.__version__,
+        "aotkit": aotkit_source_hash(),
+        "key": key,
+        "sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "payload": text,
+    }
+    path = entry_path(key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp", suffix=".part", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(doc, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            os.unlink(tmp)
+            raise
+    except OSError as e:
+        log.warning("aotkit cache: could not write %s: %s", path, e)
+        return
+    cache_counters["store"] += 1
+
+
+def load(key: str) -> dict[str, Any] | None:
+    """The payload of the entry for ``key``, or None (missing, or rejected and logged)."""
+    path = entry_path(key)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        cache_counters["miss"] += 1
+        return None
+    except OSError as e:
+        return _reject(path, f"unreadable ({e})")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as e:
+        return _reject(path, f"not valid JSON ({e})")
+    if not isinstance(doc, dict):
+        return _reject(path, "not a JSON object")
+    expected = {"format": CACHE_FORMAT, "torch": torch.__version__,
+                "aotkit": aotkit_source_hash(), "key": key}
+    for field, want in expected.items():
+        if doc.get(field) != want:
+            return _reject(path, f"{field} is {doc.get(field)!r}, expected {want!r}")
+    text = doc.get("payload")
+    if not isinstance(text, str) or hashlib.sha256(text.encode()).hexdigest() != doc.get("sha256"):
+        return _reject(path, "checksum mismatch")
+    try:
+        payload = json.loads(text)
+    except ValueError as e:
+        return _reject(path, f"payload is not valid JSON ({e})")
+    if not isinstance(payload, dict):
+        return _reject(path, "payload is not a JSON object")
+    return payload
+
+
+def _reject(path: pathlib.Path, why: str) -> dict[str, Any] | None:
+    cache_counters["reject"] += 1
+    log.warning("aotkit cache: ignoring entry %s: %s; compiling again", path, why)
+    return None
+
+
+def reject_payload(key: str, why: str) -> None:
+    """Log that a checksummed payload failed a consistency check on load."""
+    cache_counters["reject"] += 1
+    log.warning("aotkit cache: ignoring entry %s: %s; compiling again", entry_path(key), why)
+
+
+# ---- graphs ---------------------------------------------------------------------------
+
+_PY_TARGETS: dict[str, Callable[..., Any]] = {
+    f"operator.{name}": getattr(operator, name)
+    for name in ("getitem", "add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "neg",
+                 "eq", "ne", "lt", "le", "gt", "ge", "and_", "or_", "not_")
+}
+_PY_TARGETS.update({
+    f"torch.{name}": getattr(torch, name)
+    for name in ("sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_sqrt", "sym_ite")
+    if hasattr(torch, name)
+})
+_PY_TARGETS["math.sqrt"] = math.sqrt
+_PY_TARGET_NAMES = {id(v): k for k, v in _PY_TARGETS.items()}
+_LAYOUTS = {str(v).removeprefix("torch."): v for v in (torch.strided, torch.sparse_coo)}
+_FORMATS = {
+    str(v).removeprefix("torch."): v
+    for v in (torch.contiguous_format, torch.channels_last, torch.preserve_format,
+              torch.channels_last_3d)
+}
+
+
+def _target_to_json(target: Any) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"op:{target._schema.name}.{target._overloadname}"
+    name = _PY_TARGET_NAMES.get(id(target))
+    if name is None:
+        raise Uncacheable(f"graph target {target!r} has no cache form")
+    return f"py:{name}"
+
+
+def _target_from_json(name: Any) -> Any:
+    if not isinstance(name, str):
+        raise CacheFormatError("a node target must be a string")
+    if name.startswith("py:") and name[3:] in _PY_TARGETS:
+        return _PY_TARGETS[name[3:]]
+    if name.startswith("op:") and "::" in name:
+        qual, _, overload = name[3:].rpartition(".")
+        ns, _, op = qual.partition("::")
+        try:
+            packet = getattr(getattr(torch.ops, ns), op)
+            target = getattr(packet, overload)
+        except (AttributeError, RuntimeError) as e:
+            raise CacheFormatError(f"unknown operator {name!r}") from e
+        if isinstance(target, torch._ops.OpOverload):
+            return target
+    raise CacheFormatError(f"unknown node target {name!r}")
+
+
+def _arg_to_json(a: Any) -> Any:
+    if isinstance(a, torch.fx.Node):
+        return {"n": a.name}
+    if a is None or isinstance(a, (bool, int, str)):
+        return a
+    if isinstance(a, float):
+        return {"f": a.hex()}
+    if isinstance(a, (list, tuple)):
+        return {"l" if isinstance(a, list) else "t": [_arg_to_json(x) for x in a]}
+    if isinstance(a, torch.dtype):
+        return {"dtype": dtype_name(a)}
+    if isinstance(a, torch.device):
+        return {"device": str(a)}
+    if isinstance(a, torch.layout) and str(a).removeprefix("torch.") in _LAYOUTS:
+        return {"layout": str(a).removeprefix("torch.")}
+    if isinstance(a, torch.memory_format) and str(a).removeprefix("torch.") in _FORMATS:
+        return {"mf": str(a).removeprefix("torch.")}
+    raise Uncacheable(f"graph argument {type(a).__name__} has no cache form")
+
+
+def _arg_from_json(a: Any, env: dict[str, torch.fx.Node]) -> Any:
+    if a is None or isinstance(a, (bool, int, str)):
+        return a
+    if isinstance(a, dict) and len(a) == 1:
+        (tag, v), = a.items()
+        if tag == "n" and isinstance(v, str) and v in env:
+            return env[v]
+        if tag == "f" and isinstance(v, str):
+            try:
+                return float.fromhex(v)
+            except ValueError as e:
+                raise CacheFormatError(f"bad float {v!r}") from e
+        if tag in ("l", "t") and isinstance(v, list):
+            items = [_arg_from_json(x, env) for x in v]
+            return items if tag == "l" else tuple(items)
+        if tag == "dtype" and isinstance(v, str):
+            return dtype_from_name(v)
+        if tag == "device" and isinstance(v, str):
+            return torch.device(v)
+        if tag == "layout" and v in _LAYOUTS:
+            return _LAYOUTS[v]
+        if tag == "mf" and v in _FORMATS:
+            return _FORMATS[v]
+    raise CacheFormatError(f"bad graph argument {a!r}")
+
+
+def _val_to_json(val: Any) -> Any:
+    if isinstance(val, torch.Tensor):
+        spec = TensorSpec.of(val)
+        if not spec.is_static:
+            raise Uncacheable("a graph value has symbolic sizes")
+        return {"T": spec.to_json(), "rg": val.requires_grad}
+    if isinstance(val, (list, tuple)):
+        return {"l": [_val_to_json(v) for v in val]}
+    if val is None or isinstance(val, (bool, int, float)):
+        return {"s": None if val is None else type(val).__name__}
+    raise Uncacheable(f"a graph value of type {type(val).__name__} has no cache form")
+
+
+def _val_from_json(d: Any, fake_mode: FakeTensorMode) -> Any:
+    if not isinstance(d, dict) or len(d) not in (1, 2):
+        raise CacheFormatError("bad node value")
+    if "T" in d:
+        spec = TensorSpec.from_json(d["T"])
+        if not spec.is_static:
+            raise CacheFormatError("symbolic sizes in a cached graph")
+        with fake_mode:
+            t = torch.empty_strided(
+                [int(s) for s in spec.shape], [int(s) for s in spec.stride],
+                dtype=spec.dtype, device=spec.device,
+            )
+        if d.get("rg") is True:
+            t.requires_grad_(True)
+        return t
+    if "l" in d and isinstance(d["l"], list):
+        return [_val_from_json(v, fake_mode) for v in d["l"]]
+    if "s" in d:
+        return None  # a Python scalar: its value is not part of the graph's metadata
+    raise CacheFormatError("bad node value")
+
+
+def graph_to_json(gm: torch.fx.GraphModule) -> dict[str, Any]:
+    """``gm``'s graph in the structured form of Note [On-disk compile cache]."""
+    nodes = []
+    for node in gm.graph.nodes:
+        if node.op not in ("placeholder", "call_function", "output"):
+            raise Uncacheable(f"graph node {node.name} is a {node.op}")
+        entry: dict[str, Any] = {"op": node.op, "name": node.name}
+        if node.op == "placeholder":
+            entry["target"] = str(node.target)
+        elif node.op == "call_function":
+            entry["target"] = _target_to_json(node.target)
+        entry["args"] = _arg_to_json(tuple(node.args))
+        entry["kwargs"] = {k: _arg_to_json(v) for k, v in node.kwargs.items()}
+        if node.op != "output":
+            entry["val"] = _val_to_json(node.meta.get("val"))
+        nodes.append(entry)
+    return {"nodes": nodes}
+
+
+def graph_from_json(d: Any, fake_mode: FakeTensorMode) -> torch.fx.GraphModule:
+    """The GraphModule ``graph_to_json`` described; node values become fakes in ``fake_mode``."""
+    if not isinstance(d, dict) or not isinstance(d.get("nodes"), list):
+        raise CacheFormatError("a graph must be an object with a node list")
+    graph = torch.fx.Graph()
+    env: dict[str, torch.fx.Node] = {}
+    for entry in d["nodes"]:
+        if not isinstance(entry, dict):
+            raise CacheFormatError("a node must be an object")
+        op, name = entry.get("op"), entry.get("name")
+        if not isinstance(name, str) or name in env:
+            raise CacheFormatError(f"bad node name {name!r}")
+        args = _arg_from_json(entry.get("args"), env)
+        kwargs_raw = entry.get("kwargs")
+        if not isinstance(args, tuple) or not isinstance(kwargs_raw, dict):
+            raise CacheFormatError(f"bad arguments of node {name}")
+        kwargs = {str(k): _arg_from_json(v, env) for k, v in kwargs_raw.items()}
+        if op == "placeholder":
+            target: Any = entry.get("target")
+            if not isinstance(target, str):
+                raise CacheFormatError("a placeholder's target must be a string")
+        elif op == "call_function":
+            target = _target_from_json(entry.get("target"))
+        elif op == "output":
+            target = "output"
+        else:
+            raise CacheFormatError(f"node op {op!r} is not cached")
+        node = graph.create_node(op, target, args, kwargs, name=name)
+        if node.name != name:
+            raise CacheFormatError(f"node name {name!r} is not a valid identifier")
+        if op != "output":
+            node.meta["val"] = _val_from_json(entry.get("val"), fake_mode)
+        env[name] = node
+    try:
+        graph.lint()
+    except Exception as e:  # fx raises RuntimeError and others for malformed graphs
+        raise CacheFormatError(f"cached graph does not lint: {e}") from e
+    return _make_graph_module(torch.nn.Module(), graph)

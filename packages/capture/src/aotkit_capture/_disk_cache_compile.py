@@ -1,0 +1,157 @@
+"""``compile_flat``: the compile pipeline behind the on-disk cache.
+
+A lookup before tracing, a restore that skips fakification, the metadata pass, the joint
+trace and the partitioner, and a store after a fresh compilation. See Note [On-disk
+compile cache] in ``_disk_cache``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from aotkit_analysis import InputLayout, compute_input_layout
+from aotkit_schemas import AOTConfig, CacheFormatError
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ._compile import (
+    CompiledArtifacts,
+    Runner,
+    compile_traced,
+    finish,
+    inference_call,
+    training_call,
+)
+from ._disk_cache import cache_counters, reject_payload
+from ._disk_cache import load as cache_load
+from ._disk_cache import store as cache_store
+from ._disk_cache_entry import CacheSidecar, cache_key_or_none, entry_payload, read_entry
+from ._paths import notify_compiled
+from ._trace import FlatFn
+
+
+def compile_flat(
+    flat_fn: FlatFn,
+    flat_args: Sequence[Any],
+    cfg: AOTConfig,
+    *,
+    cache_identity: str | None = None,
+    cache_sidecar: CacheSidecar | None = None,
+) -> tuple[Runner, CompiledArtifacts]:
+    """Trace, partition and compile ``flat_fn`` for inputs shaped like ``flat_args``.
+
+    Returns ``runner(flat_args) -> flat graph outputs`` (user outputs only).
+    ``cache_identity``: a fingerprint of the program ``flat_fn`` runs
+    (``program_fingerprint``) to look the compilation up in, and store it to, the on-disk
+    cache; None leaves the disk alone. ``cache_sidecar``: frontend state the trace fills in
+    (the output layout), stored with the entry and restored on a hit. See Note [On-disk
+    compile cache].
+    """
+    key = cache_key_or_none(cache_identity, flat_args, cfg)
+    if key is not None:
+        payload = cache_load(key)
+        if payload is not None:
+            restored = _restore(key, payload, flat_args, cfg, cache_sidecar)
+            if restored is not None:
+                cache_counters["hit"] += 1
+                return restored
+    cache_counters["trace"] += 1
+    runner, artifacts = compile_traced(flat_fn, flat_args, cfg)
+    if key is not None:
+        payload = entry_payload(artifacts, cache_sidecar)
+        if payload is not None:
+            cache_store(key, payload)
+    return runner, artifacts
+
+
+def _restore(
+    key: str,
+    payload: dict[str, Any],
+    flat_args: Sequence[Any],
+    cfg: AOTConfig,
+    sidecar: CacheSidecar | None,
+) -> tuple[Runner, CompiledArtifacts] | None:
+    """The compiled entry for a checksummed payload, or None (logged) when it does not
+    check out against the inputs. See Note [On-disk compile cache]."""
+    fake_mode = detect_fake_mode(list(flat_args)) or FakeTensorMode()
+    try:
+        entry = read_entry(payload, fake_mode)
+        users = entry.mutated_user_inputs
+        layout = (
+            compute_input_layout(flat_args)
+            if users is None
+            else compute_input_layout(flat_args, frozenset(users).__contains__)
+        )
+        if repr(layout.key) != entry.layout_key:
+            raise CacheFormatError("the input layout differs from the cached one")
+        graph = entry.partition.fw_module if entry.partition else entry.inference
+        assert graph is not None
+        meta = entry.meta
+        fake = _compiled_fakes(graph, meta, layout.num_compiled_inputs)
+        _check_inputs(fake, flat_args, layout)
+        if sidecar is not None:
+            sidecar.load_json(payload.get("sidecar"))
+        artifacts = CompiledArtifacts(
+            meta=meta,
+            layout=layout,
+            single_pass=entry.single_pass,
+            native_functionalization=entry.native_functionalization,
+            from_cache=True,
+            mutated_user_inputs=users,
+            relative_offsets=entry.relative,
+            stale_tangents=entry.stale_tangents,
+            backward_mutated_inputs=entry.backward_mutated_inputs,
+        )
+        if entry.partition is not None:
+            artifacts.partition = entry.partition
+            artifacts.fw_module = entry.partition.fw_module
+            artifacts.bw_module = entry.partition.bw_module
+            call = training_call(
+                entry.partition, fake, meta, cfg, entry.stale_tangents,
+                entry.backward_mutated_inputs,
+            )
+        else:
+            artifacts.inference_module = entry.inference
+            call = inference_call(graph, fake, meta, cfg)
+    except Exception as e:  # any failure to rebuild means: compile again
+        reject_payload(key, f"{type(e).__name__}: {e}")
+        return None
+    notify_compiled(artifacts)
+    return finish(call, artifacts, meta, layout, cfg, fake, flat_args, None, entry.relative)
+
+
+def _compiled_fakes(graph: torch.fx.GraphModule, meta: Any, n_inputs: int) -> list[Any]:
+    """Fakes of the compiled inputs, as the fresh compilation had them: the graph's
+    placeholder values, requiring grad where the metadata says the input does."""
+    fake = [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
+    if len(fake) != n_inputs or len(meta.input_info) != n_inputs:
+        raise CacheFormatError("the cached graph takes another number of inputs")
+    for f, info in zip(fake, meta.input_info, strict=True):
+        if isinstance(f, torch.Tensor) and info.requires_grad != f.requires_grad:
+            if not info.requires_grad:
+                raise CacheFormatError("a cached input requires grad against the metadata")
+            f.requires_grad_(True)
+    return fake
+
+
+def _check_inputs(fake: Sequence[Any], flat_args: Sequence[Any], layout: InputLayout) -> None:
+    """The cached graph's placeholders describe the compiled inputs (the key already
+    covers them; this catches a payload whose checksum was forged)."""
+    kept = dict(layout.kept_positions())
+    for c, f in enumerate(fake):
+        u = kept.get(c)
+        if u is None or not isinstance(f, torch.Tensor):
+            continue
+        a = flat_args[u]
+        if not isinstance(a, torch.Tensor):
+            raise CacheFormatError(f"cached input {c} is a tensor, the call's is not")
+        if (
+            tuple(f.shape) != tuple(a.shape)
+            or tuple(f.stride()) != tuple(a.stride())
+            or f.dtype != a.dtype
+            or f.requires_grad != a.requires_grad
+        ):
+            raise CacheFormatError(f"cached input {c} does not match the call's input {u}")

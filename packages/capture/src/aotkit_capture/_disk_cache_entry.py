@@ -1,0 +1,150 @@
+"""One compiled entry as the on-disk cache stores it (See Note [On-disk compile cache])."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch.fx
+from aotkit_schemas import (
+    AOTConfig,
+    CacheFormatError,
+    PartitionResult,
+    ViewAndMutationMeta,
+    meta_from_json,
+    meta_to_json,
+)
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ._disk_cache import cache_counters, graph_from_json, graph_to_json
+from ._disk_cache_key import Uncacheable, entry_key
+
+if TYPE_CHECKING:
+    from ._compile import CompiledArtifacts
+
+log = logging.getLogger(__name__)
+
+
+class CacheSidecar(Protocol):
+    """Frontend state a compilation fills in while tracing (the output layout), stored
+    with the entry and restored on a hit, when no trace runs to fill it."""
+
+    def to_json(self) -> Any: ...
+
+    def load_json(self, d: Any) -> None: ...
+
+
+def cache_key_or_none(identity: str | None, flat_args: Sequence[Any], cfg: AOTConfig) -> str | None:
+    """The entry's key, or None when there is no identity or the key cannot describe the
+    compilation (logged at DEBUG; see Note [On-disk cache keys])."""
+    if identity is None:
+        return None
+    try:
+        return entry_key(identity, flat_args, cfg)
+    except Uncacheable as e:
+        cache_counters["uncacheable"] += 1
+        log.debug("aotkit cache: not caching this compilation: %s", e)
+        return None
+
+
+def entry_payload(
+    artifacts: CompiledArtifacts, sidecar: CacheSidecar | None
+) -> dict[str, Any] | None:
+    """The JSON payload of a fresh compilation, or None when part of it has no cache form."""
+    try:
+        if artifacts.subclass_layer:
+            raise Uncacheable("tensor subclass inputs or outputs")
+        if artifacts.relative_offsets is None:
+            raise Uncacheable("the output offsets were not recorded")
+        payload: dict[str, Any] = {
+            "meta": meta_to_json(artifacts.meta),
+            "layout_key": repr(artifacts.layout.key),
+            "mutated_user_inputs": None
+            if artifacts.mutated_user_inputs is None
+            else list(artifacts.mutated_user_inputs),
+            "relative": artifacts.relative_offsets,
+            "stale_tangents": [list(t) for t in artifacts.stale_tangents],
+            "single_pass": artifacts.single_pass,
+            "native_functionalization": artifacts.native_functionalization,
+            "backward_mutated_inputs": list(artifacts.backward_mutated_inputs),
+            "sidecar": None if sidecar is None else sidecar.to_json(),
+        }
+        if artifacts.partition is not None:
+            payload["fw"] = graph_to_json(artifacts.partition.fw_module)
+            payload["bw"] = graph_to_json(artifacts.partition.bw_module)
+        elif artifacts.inference_module is not None:
+            payload["inference"] = graph_to_json(artifacts.inference_module)
+        else:
+            raise Uncacheable("no graph to store")
+    except (Uncacheable, CacheFormatError) as e:
+        cache_counters["uncacheable"] += 1
+        log.debug("aotkit cache: not storing this compilation: %s", e)
+        return None
+    return payload
+
+
+@dataclass(frozen=True)
+class CachedEntry:
+    """A payload read back and checked; graphs rebuilt with fake values."""
+
+    meta: ViewAndMutationMeta
+    layout_key: str
+    mutated_user_inputs: tuple[int, ...] | None
+    relative: list[int | None]
+    stale_tangents: tuple[tuple[int, str], ...]
+    single_pass: bool
+    native_functionalization: bool
+    backward_mutated_inputs: tuple[int, ...]
+    partition: PartitionResult | None
+    inference: torch.fx.GraphModule | None
+
+
+def read_entry(payload: dict[str, Any], fake_mode: FakeTensorMode) -> CachedEntry:
+    """Check and rebuild a payload; raises CacheFormatError (or the constructors' errors)."""
+    meta = meta_from_json(payload.get("meta"))
+    layout_key = payload.get("layout_key")
+    users = payload.get("mutated_user_inputs")
+    relative = payload.get("relative")
+    stale = payload.get("stale_tangents")
+    single = payload.get("single_pass")
+    native = payload.get("native_functionalization")
+    bw_mutated = payload.get("backward_mutated_inputs")
+    if not isinstance(layout_key, str) or not isinstance(single, bool):
+        raise CacheFormatError("bad layout key or single-pass flag")
+    if not isinstance(native, bool) or not (
+        isinstance(bw_mutated, list) and all(type(i) is int for i in bw_mutated)
+    ):
+        raise CacheFormatError("bad path flag or backward-mutated input list")
+    if users is not None and not (isinstance(users, list) and all(type(u) is int for u in users)):
+        raise CacheFormatError("bad mutated-input list")
+    if not isinstance(relative, list) or not all(r is None or type(r) is int for r in relative):
+        raise CacheFormatError("bad output offsets")
+    if len(relative) != meta.num_outputs:
+        raise CacheFormatError("output offsets do not match the outputs")
+    if not isinstance(stale, list) or not all(
+        isinstance(t, list) and len(t) == 2 and type(t[0]) is int and isinstance(t[1], str)
+        for t in stale
+    ):
+        raise CacheFormatError("bad stale-tangent list")
+    partition = None
+    inference = None
+    if meta.is_train:
+        fw = graph_from_json(payload.get("fw"), fake_mode)
+        bw = graph_from_json(payload.get("bw"), fake_mode)
+        partition = PartitionResult.from_modules(fw, bw, meta.num_forward_returns)
+    else:
+        inference = graph_from_json(payload.get("inference"), fake_mode)
+    return CachedEntry(
+        meta=meta,
+        layout_key=layout_key,
+        mutated_user_inputs=None if users is None else tuple(users),
+        relative=list(relative),
+        stale_tangents=tuple((t[0], t[1]) for t in stale),
+        single_pass=single,
+        native_functionalization=native,
+        backward_mutated_inputs=tuple(bw_mutated),
+        partition=partition,
+        inference=inference,
+    )

@@ -1,0 +1,370 @@
+"""The key of an on-disk compile cache entry: everything a compiled entry depends on.
+
+# Note [On-disk cache keys]
+# An entry is reused in another process only when the key says the compilation would come
+# out the same. The key hashes:
+#   * the program: for aot_function/aot_module a fingerprint of the user's code (bytecode,
+#     constants and names of every function reached through closures, defaults and the
+#     globals it names; modules by class code, extra_repr, plain attributes and training
+#     flag; custom autograd.Functions by the code of forward, backward, setup_context, vjp
+#     and jvp, so they are cacheable rather than refused); under torch.compile, dynamo's
+#     GraphModule code and its submodules';
+#   * every input's metadata: type, dtype, device, layout, sizes, strides, storage offset,
+#     requires_grad, the aliasing pattern (which inputs share storage), and the values of
+#     Python scalars (traced as constants);
+#   * ambient state, ``ambient_state_key()``: grad and inference mode, autocast (CPU, CUDA,
+#     weight cache), deterministic algorithms, default dtype, matmul precision, aotkit's
+#     functionalized-RNG switch and the functorch configs the trace reads (this is the disk
+#     cache's own function; the in-memory key in aotkit_frontends._guards has its own);
+#   * the configuration: partitioner, compilers (See Note [Compiler cache keys] in
+#     aotkit_schemas), decompositions (op name plus the decomposition's code),
+#     keep_inference_input_mutations, parameter count, static inputs;
+#   * the versions: torch's, the cache format's, and a hash of aotkit's own sources (a
+#     development checkout changes without a version bump).
+# Modules are fingerprinted with every attribute that is not nn.Module bookkeeping (private
+# ones too); dynamo graphs are refused when a get_attr reads a tensor constant.
+# Anything the fingerprint cannot describe safely (an object of unknown type in a global,
+# a module with hooks, a tensor attribute, a symbolic size) raises ``Uncacheable``: the
+# compilation then simply is not cached. Being unable to cache is never an error.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import importlib.util
+import pathlib
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from aotkit_schemas import AOTConfig, compiler_cache_key
+from torch._subclasses.fake_tensor import FakeTensor
+
+CACHE_FORMAT = 1
+_PLAIN = (int, float, bool, str, bytes, type(None), complex)
+_AOTKIT_PACKAGES = (
+    "aotkit_schemas", "aotkit_functional", "aotkit_analysis", "aotkit_runtime",
+    "aotkit_partitioners", "aotkit_backends", "aotkit_capture", "aotkit_frontends",
+)
+_MAX_DEPTH = 12
+
+
+class Uncacheable(Exception):
+    """The compilation depends on something the cache key cannot describe."""
+
+
+def ambient_state_key() -> tuple[Any, ...]:
+    """The process-wide state a trace depends on besides its inputs.
+
+    Grad and inference mode, autocast (CPU and CUDA: enabled, dtype, weight cache),
+    deterministic algorithms (and warn-only), the default dtype, float32 matmul precision,
+    aotkit's functionalized-RNG switch, and the functorch configs aotkit's trace reads.
+
+    This is the disk cache's own function; the in-memory compile key has its own ambient
+    state in aotkit_frontends (to be unified).
+    """
+    from aotkit_schemas import functionalize_rng_enabled
+
+    fconfig = torch._functorch.config
+    return (
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+        torch.is_autocast_enabled("cpu"),
+        torch.get_autocast_dtype("cpu"),
+        torch.is_autocast_enabled("cuda"),
+        torch.get_autocast_dtype("cuda"),
+        torch.is_autocast_cache_enabled(),
+        torch.are_deterministic_algorithms_enabled(),
+        torch.is_deterministic_algorithms_warn_only_enabled(),
+        torch.get_default_dtype(),
+        torch.get_float32_matmul_precision(),
+        functionalize_rng_enabled(),
+        getattr(fconfig, "functionalize_rng_ops", None),
+        getattr(fconfig, "view_replay_for_aliased_outputs", None),
+        getattr(fconfig, "activation_memory_budget", None),
+    )
+
+
+@functools.cache
+def aotkit_source_hash() -> str:
+    """A hash of every aotkit package's Python sources."""
+    h = hashlib.sha256()
+    for name in _AOTKIT_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            h.update(f"{name}:absent".encode())
+            continue
+        root = pathlib.Path(next(iter(spec.submodule_search_locations)))
+        for path in sorted(root.rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+class _Fingerprint:
+    """Feeds a description of code objects, functions, modules and values into one hash."""
+
+    def __init__(self) -> None:
+        self.h = hashlib.sha256()
+        self.seen: dict[int, int] = {}
+
+    def put(self, *parts: Any) -> None:
+        for p in parts:
+            self.h.update(repr(p).encode())
+            self.h.update(b"\x00")
+
+    def value(self, v: Any, depth: int = 0) -> None:
+        if depth > _MAX_DEPTH:
+            raise Uncacheable("the program's objects nest too deeply to fingerprint")
+        if isinstance(v, _PLAIN) or isinstance(v, (torch.dtype, torch.device, torch.layout)):
+            self.put(type(v).__name__, v)
+            return
+        if isinstance(v, enum.Enum):
+            self.put("enum", type(v).__qualname__, v.name)
+            return
+        if isinstance(v, (tuple, list, frozenset, set)):
+            items = sorted(v, key=repr) if isinstance(v, (set, frozenset)) else v
+            self.put(type(v).__name__, len(items))
+            for x in items:
+                self.value(x, depth + 1)
+            return
+        if isinstance(v, dict):
+            self.put("dict", len(v))
+            for k, x in v.items():
+                self.value(k, depth + 1)
+                self.value(x, depth + 1)
+            return
+        if id(v) in self.seen:
+            self.put("ref", self.seen[id(v)])
+            return
+        self.seen[id(v)] = len(self.seen)
+        if isinstance(v, types.ModuleType):
+            self.put("module", v.__name__)
+        elif isinstance(v, torch.fx.GraphModule):
+            self.graph_module(v, depth)
+        elif isinstance(v, torch.nn.Module):
+            self.module(v, depth)
+        elif isinstance(v, types.FunctionType):
+            self.function(v, depth)
+        elif isinstance(v, types.MethodType):
+            self.value(v.__func__, depth + 1)
+            self.value(v.__self__, depth + 1)
+        elif isinstance(v, functools.partial):
+            self.put("partial")
+            self.value(v.func, depth + 1)
+            self.value(v.args, depth + 1)
+            self.value(v.keywords, depth + 1)
+        elif isinstance(v, type):
+            self.cls(v, depth)
+        elif _is_torch_builtin(v):
+            self.put("builtin", getattr(v, "__module__", None), getattr(v, "__qualname__", repr(v)))
+        elif isinstance(v, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            self.put("op", str(v))
+        elif callable(getattr(v, "__aotkit_fingerprint__", None)):
+            # an object that describes itself with plain data
+            self.put("self", type(v).__module__, type(v).__qualname__)
+            self.value(v.__aotkit_fingerprint__(), depth + 1)
+        else:
+            raise Uncacheable(f"cannot fingerprint a {type(v).__module__}.{type(v).__qualname__}")
+
+    def code(self, co: types.CodeType, depth: int) -> None:
+        self.put("code", co.co_name, co.co_code, co.co_names, co.co_varnames, co.co_freevars)
+        for c in co.co_consts:
+            if isinstance(c, types.CodeType):
+                self.code(c, depth + 1)
+            else:
+                self.value(c, depth + 1)
+
+    def function(self, fn: types.FunctionType, depth: int) -> None:
+        module = fn.__module__ or ""
+        if module.startswith(("torch.", "aotkit_")) or module == "torch":
+            # library code: covered by the torch version and aotkit's source hash
+            self.put("libfn", module, fn.__qualname__)
+            return
+        self.put("fn", module, fn.__qualname__)
+        self.code(fn.__code__, depth)
+        self.value(fn.__defaults__, depth + 1)
+        self.value(fn.__kwdefaults__, depth + 1)
+        for cell in fn.__closure__ or ():
+            try:
+                contents = cell.cell_contents
+            except ValueError:  # an empty cell
+                contents = None
+            self.value(contents, depth + 1)
+        for name in _global_names(fn.__code__):
+            if name in fn.__globals__:
+                self.put("global", name)
+                self.value(fn.__globals__[name], depth + 1)
+
+    def cls(self, c: type, depth: int) -> None:
+        module = c.__module__ or ""
+        self.put("class", module, c.__qualname__)
+        if module.startswith(("torch", "aotkit_", "builtins")):
+            return
+        for base in c.__mro__:
+            if (base.__module__ or "").startswith(("torch", "builtins")):
+                continue
+            for name, attr in sorted(vars(base).items()):
+                if isinstance(attr, (staticmethod, classmethod)):
+                    attr = attr.__func__
+                if isinstance(attr, types.FunctionType):
+                    self.put("method", base.__qualname__, name)
+                    self.function(attr, depth + 1)
+                elif isinstance(attr, _PLAIN) and not name.startswith("__"):
+                    self.put("attr", name, attr)
+
+    def module(self, m: torch.nn.Module, depth: int) -> None:
+        if (
+            m._forward_hooks
+            or m._forward_pre_hooks
+            or m._backward_hooks
+            or m._backward_pre_hooks
+        ):
+            raise Uncacheable(f"{type(m).__name__} has hooks")
+        self.cls(type(m), depth + 1)
+        self.put("nn", m.training, m.extra_repr())
+        for name, attr in sorted(vars(m).items()):
+            if name in _MODULE_INTERNALS:
+                continue
+            if isinstance(attr, torch.Tensor):
+                raise Uncacheable(f"{type(m).__name__}.{name} is a tensor attribute")
+            self.put("nnattr", name)
+            self.value(attr, depth + 1)
+        for pname, p in m._parameters.items():
+            self.put("param", pname, p is None)
+        for bname, b in m._buffers.items():
+            self.put("buffer", bname, b is None, bname in m._non_persistent_buffers_set)
+        for cname, child in m._modules.items():
+            self.put("child", cname)
+            self.value(child, depth + 1)
+
+    def graph_module(self, gm: torch.fx.GraphModule, depth: int) -> None:
+        self.put("gm", gm.code)
+        for node in gm.graph.nodes:
+            if node.op == "get_attr":
+                # a tensor constant's value is baked into the compiled graphs
+                attr = _get_attr(gm, str(node.target))
+                if isinstance(attr, torch.Tensor):
+                    raise Uncacheable(f"graph attribute {node.target} is a tensor constant")
+            if node.op == "call_function" and isinstance(node.target, types.FunctionType):
+                self.function(node.target, depth + 1)
+            elif node.op == "call_function" and isinstance(node.target, type):
+                self.cls(node.target, depth + 1)
+        for name, child in sorted(gm.named_children()):
+            self.put("sub", name)
+            self.value(child, depth + 1)
+        for name, attr in sorted(vars(gm).items()):
+            if isinstance(attr, torch.Tensor) and not name.startswith("_"):
+                raise Uncacheable(f"graph attribute {name} is a tensor constant")
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+
+def _get_attr(gm: torch.nn.Module, target: str) -> Any:
+    obj: Any = gm
+    for part in target.split("."):
+        obj = getattr(obj, part, None)
+    return obj
+
+
+# nn.Module's own bookkeeping (parameters, buffers, children and hooks are read
+# separately); every other attribute, private or not, is part of the program
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+
+
+def _global_names(co: types.CodeType) -> list[str]:
+    names = list(co.co_names)
+    for c in co.co_consts:
+        if isinstance(c, types.CodeType):
+            names.extend(_global_names(c))
+    return sorted(set(names))
+
+
+def _is_torch_builtin(v: Any) -> bool:
+    module = getattr(v, "__module__", None) or ""
+    return isinstance(v, (types.BuiltinFunctionType, types.BuiltinMethodType)) or (
+        callable(v) and (module == "torch" or module.startswith("torch."))
+    )
+
+
+def program_fingerprint(program: Any) -> str:
+    """A hash of a user function, module or dynamo GraphModule. See Note [On-disk cache keys]."""
+    fp = _Fingerprint()
+    fp.value(program)
+    return fp.hexdigest()
+
+
+def _input_key(flat_args: Sequence[Any]) -> list[Any]:
+    storages: dict[int, int] = {}
+    out: list[Any] = []
+    for i, a in enumerate(flat_args):
+        if isinstance(a, torch.Tensor):
+            if type(a) not in (torch.Tensor, torch.nn.Parameter) and not _is_fake(a):
+                raise Uncacheable(f"input {i} is a {type(a).__name__}")
+            if a.is_sparse or a.is_mkldnn or a.is_nested:
+                raise Uncacheable(f"input {i} has layout {a.layout}")
+            dims = (*a.shape, *a.stride(), a.storage_offset())
+            if not all(type(d) is int for d in dims):
+                raise Uncacheable(f"input {i} has symbolic sizes")
+            storage = storages.setdefault(a.untyped_storage()._cdata, i)
+            out.append((
+                "T", type(a) is torch.nn.Parameter, str(a.dtype), str(a.device), str(a.layout),
+                tuple(dims), a.requires_grad, a.is_leaf, storage,
+                a.untyped_storage().nbytes(), a._is_view(),
+            ))
+        elif isinstance(a, _PLAIN):
+            out.append((type(a).__name__, a))
+        else:
+            raise Uncacheable(f"input {i} is a {type(a).__name__}")
+    return out
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    return isinstance(t, FakeTensor)
+
+
+def _callable_key(what: str, fn: Callable[..., Any] | None) -> str | None:
+    if fn is None:
+        return None
+    key = compiler_cache_key(fn)
+    if key is None:
+        raise Uncacheable(f"the {what} {getattr(fn, '__qualname__', fn)!r} offers no cache key "
+                          "(aotkit_schemas.mark_cache_key)")
+    return key
+
+
+def _decomposition_key(table: Any) -> list[Any]:
+    items = []
+    for op, fn in table.items():
+        fp = _Fingerprint()
+        fp.value(fn)
+        items.append((str(op), fp.hexdigest()))
+    return sorted(items)
+
+
+def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
+    """The cache key of compiling the program ``identity`` for ``flat_args`` under ``cfg``
+    and the current ambient state. Raises Uncacheable. See Note [On-disk cache keys]."""
+    if cfg.is_export or cfg.dynamic_shapes or cfg.pre_dispatch:
+        raise Uncacheable("exports and dynamic-shape compilations are not cached")
+    parts = [
+        ("format", CACHE_FORMAT),
+        ("torch", torch.__version__),
+        ("aotkit", aotkit_source_hash()),
+        ("program", identity),
+        ("inputs", _input_key(flat_args)),
+        ("ambient", [repr(x) for x in ambient_state_key()]),
+        ("partitioner", _callable_key("partitioner", cfg.partition_fn)),
+        ("fw", _callable_key("forward compiler", cfg.fw_compiler)),
+        ("bw", _callable_key("backward compiler", cfg.bw_compiler)),
+        ("inference", _callable_key("inference compiler", cfg.inference_compiler)),
+        ("decompositions", _decomposition_key(cfg.decompositions)),
+        ("config", cfg.keep_inference_input_mutations, cfg.num_params_buffers, cfg.no_tangents,
+         tuple(cfg.static_input_indices or ())),
+    ]
+    return hashlib.sha256(repr(parts).encode()).hexdigest()

@@ -1,0 +1,153 @@
+"""Programs the on-disk cache tests run in fresh processes.
+
+``python this.py DIR[,DIR...] NAME[,NAME...] [REPEAT]``: for every cache directory, every
+program, REPEAT times (default 1), runs the program from a fresh compiled wrapper with
+the disk cache in that directory and records its outputs, gradients, buffers and the
+``aotkit_capture.cache_counters`` of that run alone. Prints one JSON line: a list of
+``{"dir", "name", ...}`` results. One process runs several programs because process
+start (importing torch) dominates these tests on a loaded CI machine.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import aotkit
+import torch
+from aotkit_capture import cache_counters
+
+
+class MLP(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 16)
+        self.b = torch.nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return self.b(torch.relu(self.a(x))), 3
+
+
+class ScaledSilu(torch.autograd.Function):
+    """A custom autograd.Function (forward, setup_context, backward): cached by its code."""
+
+    @staticmethod
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return x * torch.sigmoid(x) * 2.0
+
+    @staticmethod
+    def setup_context(ctx: Any, inputs: Any, output: Any) -> None:
+        ctx.save_for_backward(inputs[0])
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        (x,) = ctx.saved_tensors
+        s = torch.sigmoid(x)
+        return g * 2.0 * (s + x * s * (1 - s))
+
+
+class Layer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+        self.norm1 = torch.nn.LayerNorm(16)
+        self.ff1 = torch.nn.Linear(16, 32)
+        self.ff2 = torch.nn.Linear(32, 16)
+        self.norm2 = torch.nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm1(x + self.attn(x, x, x, need_weights=False)[0])
+        return self.norm2(h + self.ff2(ScaledSilu.apply(self.ff1(h))))
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 6, 3)
+        self.bn = torch.nn.BatchNorm2d(6)
+        self.fc = torch.nn.Linear(6, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.bn(self.conv(x))).mean((2, 3)))
+
+
+def _run_module(mod: torch.nn.Module, compiled: Callable[..., Any], x: torch.Tensor) -> dict[str, Any]:
+    out = compiled(x)
+    loss_out = out[0] if isinstance(out, tuple) else out
+    loss_out.sum().backward()
+    result: dict[str, Any] = {"out": loss_out.tolist()}
+    if isinstance(out, tuple):
+        result["extra"] = list(out[1:])
+    result["x_grad"] = x.grad.tolist() if x.grad is not None else None
+    result["grads"] = {n: p.grad.tolist() for n, p in mod.named_parameters() if p.grad is not None}
+    result["buffers"] = {n: b.tolist() for n, b in mod.named_buffers()}
+    with torch.no_grad():
+        again = compiled(x)
+    result["no_grad"] = (again[0] if isinstance(again, tuple) else again).tolist()
+    return result
+
+
+def mlp() -> dict[str, Any]:
+    mod = MLP()
+    return _run_module(mod, aotkit.aot_module(mod, aotkit.nop), torch.randn(5, 8, requires_grad=True))
+
+
+def transformer() -> dict[str, Any]:
+    mod = Layer()
+    return _run_module(mod, aotkit.aot_module(mod, aotkit.nop), torch.randn(2, 5, 16, requires_grad=True))
+
+
+def convnet() -> dict[str, Any]:
+    mod = ConvNet().train()
+    return _run_module(mod, aotkit.aot_module(mod, aotkit.nop), torch.randn(4, 3, 8, 8))
+
+
+def dynamic() -> dict[str, Any]:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x @ w).relu().sum(0)
+
+    w = torch.randn(4, 3, requires_grad=True)
+    g = aotkit.aot_function(f, aotkit.nop, dynamic=True)
+    outs = []
+    for n in (3, 5):
+        y = g(torch.randn(n, 4), w)
+        y.sum().backward()
+        outs.append(y.tolist())
+    return {"out": outs, "w_grad": w.grad.tolist() if w.grad is not None else None}
+
+
+def compiled() -> dict[str, Any]:
+    mod = MLP()
+    opt = torch.compile(mod, backend="aotkit_eager")
+    return _run_module(mod, opt, torch.randn(5, 8, requires_grad=True))
+
+
+PROGRAMS: dict[str, Callable[[], dict[str, Any]]] = {
+    "mlp": mlp, "transformer": transformer, "convnet": convnet, "dynamic": dynamic,
+    "compiled": compiled,
+}
+
+def main(argv: list[str]) -> list[dict[str, Any]]:
+    from aotkit_schemas import disk_cache_config
+
+    dirs, names = argv[0].split(","), argv[1].split(",")
+    repeat = int(argv[2]) if len(argv) > 2 else 1
+    results = []
+    for d in dirs:
+        disk_cache_config.dir = d
+        for _ in range(repeat):
+            for name in names:
+                torch.manual_seed(0)
+                torch._dynamo.reset()
+                cache_counters.clear()
+                result = PROGRAMS[name]()
+                result["counters"] = dict(cache_counters)
+                result["dir"], result["name"] = d, name
+                results.append(result)
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1:])))

@@ -1,0 +1,320 @@
+"""The on-disk compile cache: cold then warm runs in fresh processes, damaged entries,
+concurrent writers, and what the key covers. See Note [On-disk compile cache]."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from aotkit_capture import ambient_state_key, program_fingerprint
+from aotkit_capture._disk_cache import graph_from_json, graph_to_json
+from aotkit_capture._disk_cache_key import entry_key
+from aotkit_schemas import CacheFormatError, meta_from_json, meta_to_json
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+PROGRAMS = str(Path(__file__).with_name("_disk_cache_programs.py"))
+ALL = ["mlp", "transformer", "convnet", "dynamic", "compiled"]
+
+
+def _argv(dirs: list[Path], names: list[str], repeat: int = 1) -> list[str]:
+    return [sys.executable, PROGRAMS, ",".join(map(str, dirs)), ",".join(names), str(repeat)]
+
+
+def _env() -> dict[str, str]:
+    # the programs set aotkit_schemas.disk_cache_config.dir; AOTKIT_CACHE turns it on for
+    # aot_function/aot_module
+    return {**os.environ, "AOTKIT_CACHE": "1"}
+
+
+def _parse(out: str) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def _run(dirs: list[Path], names: list[str], repeat: int = 1) -> tuple[list[dict[str, Any]], str]:
+    proc = subprocess.run(
+        _argv(dirs, names, repeat), env=_env(), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return _parse(proc.stdout), proc.stderr
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    skip = ("counters", "dir")
+    assert {k: v for k, v in a.items() if k not in skip} == {
+        k: v for k, v in b.items() if k not in skip
+    }
+
+
+def _entries(cache: Path) -> list[Path]:
+    return sorted(cache.rglob("*.json"))
+
+
+def test_cold_then_warm(tmp_path: Path) -> None:
+    # one process compiles every program cold, a fresh one runs them warm
+    cold, _ = _run([tmp_path], ALL)
+    warm, _ = _run([tmp_path], ALL)
+    for c, w in zip(cold, warm, strict=True):
+        name = c["name"]
+        _same(c, w)
+        if name == "dynamic":
+            # Not cached yet: a compilation with symbolic sizes is refused by the key (See
+            # Note [On-disk cache keys]); the warm run traces again and agrees
+            assert w["counters"].get("trace") == 1 and w["counters"].get("uncacheable") == 1
+            continue
+        assert c["counters"].get("trace", 0) >= 1, (name, c["counters"])
+        assert c["counters"].get("store", 0) == c["counters"]["trace"], (name, c["counters"])
+        # no trace ran: every compilation came from the disk
+        assert "trace" not in w["counters"], (name, w["counters"])
+        assert w["counters"]["hit"] == c["counters"]["store"], (name, w["counters"])
+
+
+def _corrupt(p: Path) -> None:
+    p.write_bytes(b"\x00garbage{")
+
+
+def _truncate(p: Path) -> None:
+    p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+
+
+def _bit_flip(p: Path) -> None:
+    data = bytearray(p.read_bytes())
+    i = data.index(b'"payload"') + 200
+    data[i] ^= 0x04
+    p.write_bytes(bytes(data))
+
+
+def _version_change(p: Path) -> None:
+    doc = json.loads(p.read_text())
+    doc["torch"] = "1.0.0"
+    p.write_text(json.dumps(doc))
+
+
+def _format_change(p: Path) -> None:
+    doc = json.loads(p.read_text())
+    doc["format"] = 999
+    p.write_text(json.dumps(doc))
+
+
+def _tamper_with_checksum(p: Path) -> None:
+    # a payload that checks out by hash but names an operator that does not exist
+    doc = json.loads(p.read_text())
+    text = doc["payload"].replace("op:aten::mm.default", "op:aten::no_such_op.default")
+    text = text.replace("op:aten::addmm.default", "op:aten::no_such_op.default")
+    assert text != doc["payload"]
+    doc["payload"] = text
+    doc["sha256"] = hashlib.sha256(text.encode()).hexdigest()
+    p.write_text(json.dumps(doc))
+
+
+def _tamper_with_inputs(p: Path) -> None:
+    # a payload that checks out by hash but whose graph takes inputs of another shape
+    doc = json.loads(p.read_text())
+    text = doc["payload"].replace('"shape":[5,8]', '"shape":[6,8]')
+    assert text != doc["payload"]
+    doc["payload"] = text
+    doc["sha256"] = hashlib.sha256(text.encode()).hexdigest()
+    p.write_text(json.dumps(doc))
+
+
+DAMAGES = [
+    _corrupt, _truncate, _bit_flip, _version_change, _format_change, _tamper_with_checksum,
+    _tamper_with_inputs,
+]
+
+
+def test_damaged_entries_are_ignored_and_recompiled(tmp_path: Path) -> None:
+    cold_dir = tmp_path / "cold"
+    (cold,), _ = _run([cold_dir], ["mlp"])
+    entries = _entries(cold_dir)
+    assert len(entries) == cold["counters"]["store"] >= 1
+    dirs = []
+    for damage in DAMAGES:
+        d = tmp_path / damage.__name__.strip("_")
+        shutil.copytree(cold_dir, d)
+        for p in _entries(d):
+            damage(p)
+        dirs.append(d)
+    # per directory: a run that finds the damaged entries, then one that finds the
+    # entries the first rewrote
+    results, stderr = _run(dirs, ["mlp"], repeat=2)
+    assert "aotkit cache: ignoring entry" in stderr
+    for d, (warm, again) in zip(dirs, zip(results[::2], results[1::2], strict=True), strict=True):
+        assert warm["counters"].get("reject") == len(entries), (d.name, warm["counters"])
+        assert warm["counters"].get("trace") == len(entries), (d.name, warm["counters"])
+        _same(cold, warm)
+        assert again["counters"] == {"hit": len(entries)}, (d.name, again["counters"])
+        _same(cold, again)
+
+
+def test_two_processes_compiling_at_once_leave_valid_entries(tmp_path: Path) -> None:
+    procs = [
+        subprocess.Popen(_argv([tmp_path], ["mlp"]), env=_env(),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
+    results = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=600)
+        finally:
+            p.kill()
+        assert p.returncode == 0, err[-3000:]
+        results.extend(_parse(out))
+    _same(results[0], results[1])
+    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".tmp")]
+    entries = _entries(tmp_path)
+    assert len(entries) == results[0]["counters"]["store"]
+    for p in entries:  # each a complete, checksummed document
+        doc = json.loads(p.read_text())
+        assert hashlib.sha256(doc["payload"].encode()).hexdigest() == doc["sha256"]
+    (warm,), _ = _run([tmp_path], ["mlp"])
+    assert "trace" not in warm["counters"] and "reject" not in warm["counters"]
+    _same(results[0], warm)
+
+
+def test_cache_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from aotkit._cli import main
+    from aotkit_schemas import disk_cache_config
+
+    entry = tmp_path / "v1" / "ab" / ("ab" + "0" * 62 + ".json")
+    entry.parent.mkdir(parents=True)
+    entry.write_text("{}")
+    other = tmp_path / "notes.json"  # not an entry: never listed or removed
+    other.write_text("{}")
+    disk_cache_config.dir = str(tmp_path)
+    try:
+        assert main(["cache", "where"]) == 0
+        assert capsys.readouterr().out.strip() == str(tmp_path)
+        assert main(["cache", "list"]) == 0
+        assert str(entry) in capsys.readouterr().out
+        assert main(["cache", "size"]) == 0
+        assert capsys.readouterr().out.strip() == "1 entries, 2 bytes"
+        assert main(["cache"]) == 0
+        assert "entries: 1, 2 bytes" in capsys.readouterr().out
+        assert main(["cache", "clear"]) == 0
+        assert "removed 1 files" in capsys.readouterr().out
+    finally:
+        disk_cache_config.dir = None
+    assert not entry.exists() and other.exists()
+
+
+# ---- in-process checks of the format and the key --------------------------------------
+
+
+def test_metadata_json_round_trip() -> None:
+    import aotkit
+
+    g = aotkit.aot_function(lambda x, b: (x.sin() * 2, b.add_(1)), aotkit.nop)
+    g(torch.randn(3, requires_grad=True), torch.zeros(3))
+    meta = g._aotkit_cache.artifacts[0].meta
+    data = json.loads(json.dumps(meta_to_json(meta)))
+    back = meta_from_json(data)
+    assert back.input_info == meta.input_info
+    assert back.output_info == meta.output_info
+    assert back.tangent_indices == meta.tangent_indices
+    assert [tuple(t.shape) for t in back.traced_tangents] == [
+        tuple(t.shape) for t in meta.traced_tangents
+    ]
+    data["version"] = 999
+    with pytest.raises(CacheFormatError):
+        meta_from_json(data)
+    data["version"] = 1
+    data["output_info"][0]["output_type"] = "os.system"
+    with pytest.raises(CacheFormatError):
+        meta_from_json(data)
+
+
+def test_graph_json_round_trip_and_unknown_targets() -> None:
+    gm = torch.fx.symbolic_trace(lambda x: x + 1)
+    import aotkit
+
+    g = aotkit.aot_function(lambda x: torch.relu(x).sum(0, keepdim=True), aotkit.nop)
+    g(torch.randn(2, 3))
+    gm = g._aotkit_cache.artifacts[0].inference_module
+    data = graph_to_json(gm)
+    back = graph_from_json(json.loads(json.dumps(data)), FakeTensorMode())
+    assert back.code == gm.code
+    x = torch.randn(2, 3)
+    torch.testing.assert_close(back(x), gm(x), rtol=0, atol=0)
+    data["nodes"][1]["target"] = "py:builtins.eval"
+    with pytest.raises(CacheFormatError):
+        graph_from_json(data, FakeTensorMode())
+
+
+class _Double(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 2
+
+
+def _use_double(x: torch.Tensor) -> torch.Tensor:
+    return _Double.apply(x)
+
+
+def test_key_covers_custom_function_code_and_ambient_state() -> None:
+    import aotkit
+    from aotkit_frontends._aot_function import make_config
+    from aotkit_partitioners import default_partition
+
+    before = program_fingerprint(_use_double)
+    original = _Double.backward
+
+    def other_backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g * 3
+
+    _Double.backward = staticmethod(other_backward)  # type: ignore[method-assign,assignment]
+    try:
+        assert program_fingerprint(_use_double) != before
+    finally:
+        _Double.backward = original  # type: ignore[method-assign]
+    assert program_fingerprint(_use_double) == before
+    # a constant in the forward's code changes the key too
+    original_fw = _Double.forward
+
+    def other_forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2.5
+
+    _Double.forward = staticmethod(other_forward)  # type: ignore[method-assign,assignment]
+    try:
+        assert program_fingerprint(_use_double) != before
+    finally:
+        _Double.forward = original_fw  # type: ignore[method-assign]
+
+    cfg = make_config(aotkit.nop, aotkit.nop, default_partition, None, 0, False, None)
+    args = [torch.randn(3, requires_grad=True)]
+    key = entry_key(before, args, cfg)
+    state = ambient_state_key()
+    with torch.no_grad():
+        assert ambient_state_key() != state
+        assert entry_key(before, args, cfg) != key
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert entry_key(before, args, cfg) != key
+    finally:
+        torch.set_default_dtype(old)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert entry_key(before, args, cfg) != key
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert entry_key(before, args, cfg) != key
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert entry_key(before, [torch.randn(4, requires_grad=True)], cfg) != key
+    assert entry_key(before, [torch.randn(3)], cfg) != key
+    assert entry_key(before, [torch.randn(3, dtype=torch.float64, requires_grad=True)], cfg) != key
+    assert entry_key(before, [torch.randn(6, requires_grad=True)[::2]], cfg) != key
+    assert entry_key(before, args, cfg) == key

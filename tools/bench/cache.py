@@ -1,0 +1,157 @@
+"""On-disk compile cache: first-call time of a fresh process, cold cache against warm.
+
+Two measurements, each in fresh processes (``python cache.py --child ...``), so imports
+and process start are outside the timed region but nothing of an earlier compilation
+survives in memory:
+
+* ``aot``: for each model of ``compare.py`` (mlp, transformer, convnet, pointwise),
+  ``aot_module``/``aot_function`` with aotkit's ``nop`` and ``AOTKIT_CACHE=1``. A cold run
+  uses an empty cache directory, a warm run the directory the cold run filled. Reported:
+  the first forward + backward, and the AOT part of it (first call minus the median of
+  three later calls, which run the same compiled code). Target: warm AOT part <= 0.1x
+  cold.
+* ``compile``: end to end, ``torch.compile(model)`` first forward + backward, with
+  ``backend="aotkit_inductor"`` (aotkit's disk cache + Inductor's FX graph cache) against
+  torch's ``backend="inductor"`` with its FX graph cache and AOTAutogradCache on. Cold:
+  empty cache directories (aotkit's and Inductor's); warm: the directories the cold run
+  filled. Target: aotkit_inductor warm <= torch warm.
+
+Processes take turns (cold, warm, cold, warm, ...), medians over ``--reps``. The machine
+may be loaded: read ratios, not absolute times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+
+
+def _child(kind: str, model: str) -> dict[str, Any]:
+    sys.path.insert(0, str(HERE))
+    import torch
+    from compare import MODELS
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    w = MODELS[model]()
+    if kind == "aot":
+        import aotkit_backends
+        import aotkit_frontends
+
+        def build() -> Any:
+            if isinstance(w.target, torch.nn.Module):
+                return aotkit_frontends.aot_module(w.target, aotkit_backends.nop)
+            return aotkit_frontends.aot_function(w.target, aotkit_backends.nop)
+
+    else:
+        import aotkit  # noqa: F401  (registers the backends)
+
+        backend = "aotkit_inductor" if kind == "aotkit_inductor" else "inductor"
+
+        def build() -> Any:
+            return torch.compile(w.target, backend=backend)
+
+    def step(fn: Any) -> float:
+        for t in w.grad_leaves:
+            t.grad = None
+        t0 = time.perf_counter()
+        fn(*w.inputs).sum().backward()
+        return time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    fn = build()
+    first = time.perf_counter() - t0 + step(fn)
+    later = statistics.median(step(fn) for _ in range(3))
+    result: dict[str, Any] = {"first": first, "later": later}
+    if kind == "aot":
+        from aotkit_capture import cache_counters
+
+        result["counters"] = dict(cache_counters)
+    return result
+
+
+def _run(kind: str, model: str, env: dict[str, str]) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, __file__, "--child", kind, model],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{kind} {model} failed:\n{proc.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def _cold_warm(kind: str, model: str, reps: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    cold, warm = [], []
+    for _ in range(reps):
+        with tempfile.TemporaryDirectory() as d:
+            env = {
+                "AOTKIT_CACHE": "1",
+                "AOTKIT_CACHE_DIR": os.path.join(d, "aotkit"),
+                "TORCHINDUCTOR_CACHE_DIR": os.path.join(d, "inductor"),
+                "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+                "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+            }
+            cold.append(_run(kind, model, env))
+            warm.append(_run(kind, model, env))
+    return cold, warm
+
+
+def _med(runs: list[dict[str, Any]], field: str) -> float:
+    return statistics.median(r[field] for r in runs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--child", nargs=2, metavar=("KIND", "MODEL"), help=argparse.SUPPRESS)
+    ap.add_argument("--models", default="mlp,transformer,convnet,pointwise")
+    ap.add_argument("--compile-model", default="mlp", help="model for the torch.compile part")
+    ap.add_argument("--reps", type=int, default=3, help="cold/warm pairs per model (aot part)")
+    ap.add_argument("--compile-reps", type=int, default=1, help="cold/warm pairs (compile part)")
+    ap.add_argument("--skip-compile", action="store_true")
+    args = ap.parse_args(argv)
+    if args.child:
+        print(json.dumps(_child(*args.child)))
+        return 0
+
+    print("aot_module/aot_function + nop, fresh process, first forward+backward (seconds)")
+    print(f"{'model':<12} {'cold':>8} {'warm':>8} {'cold AOT':>9} {'warm AOT':>9} {'AOT ratio':>9}")
+    for model in args.models.split(","):
+        cold, warm = _cold_warm("aot", model, args.reps)
+        if any("hit" not in r["counters"] or "trace" in r["counters"] for r in warm):
+            print(f"  warning: {model} warm run traced: {[r['counters'] for r in warm]}")
+        c_aot = statistics.median(r["first"] - r["later"] for r in cold)
+        w_aot = statistics.median(r["first"] - r["later"] for r in warm)
+        print(
+            f"{model:<12} {_med(cold, 'first'):>8.3f} {_med(warm, 'first'):>8.3f} "
+            f"{c_aot:>9.3f} {w_aot:>9.3f} {w_aot / c_aot:>9.3f}"
+        )
+    if args.skip_compile:
+        return 0
+    model = args.compile_model
+    print(f"\ntorch.compile({model}), fresh process, first forward+backward (seconds)")
+    print(f"{'backend':<28} {'cold':>8} {'warm':>8}")
+    warm_first = {}
+    for kind, label in (("aotkit_inductor", "aotkit_inductor"), ("inductor", "inductor (FXGraph+AOTAutograd caches)")):
+        cold, warm = _cold_warm(kind, model, args.compile_reps)
+        warm_first[kind] = _med(warm, "first")
+        print(f"{label:<28} {_med(cold, 'first'):>8.3f} {warm_first[kind]:>8.3f}")
+    print(f"warm aotkit_inductor / warm inductor: {warm_first['aotkit_inductor'] / warm_first['inductor']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
