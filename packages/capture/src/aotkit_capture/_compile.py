@@ -523,7 +523,7 @@ def _compile_training(
         artifacts.native_functionalization = artifacts.native_skipped is None
     # See Note [Effect tokens]
     meta = artifacts.meta = with_backward_tokens(meta, count_backward_tokens(joint))
-    n_tok, n_bw_tok = len(meta.tokens), meta.num_backward_tokens
+    n_tok = len(meta.tokens)
     _mark_runtime_mutated_primals(joint, meta, subclasses, n_tok)
     propagate_mutation_meta(joint.graph)  # See Note [Preserved node meta]
     log_joint(joint, single_pass=artifacts.single_pass)

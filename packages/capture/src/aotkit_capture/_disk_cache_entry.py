@@ -56,6 +56,8 @@ def entry_payload(
     try:
         if artifacts.subclass_layer:
             raise Uncacheable("tensor subclass inputs or outputs")
+        if artifacts.meta.tokens or artifacts.meta.num_backward_tokens:
+            raise Uncacheable("effect tokens (See Note [Effect tokens])")
         if artifacts.relative_offsets is None:
             raise Uncacheable("the output offsets were not recorded")
         payload: dict[str, Any] = {

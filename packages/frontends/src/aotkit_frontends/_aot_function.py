@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -28,6 +29,7 @@ from ._guards import describe_flat_input, input_key
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 
+log = logging.getLogger(__name__)
 _AOT_COUNTER = itertools.count()
 # argument types that torch's pytree treats as leaves (None is not: it is an empty node)
 _FLAT_LEAF_TYPES = (torch.Tensor, int, float, bool, str)

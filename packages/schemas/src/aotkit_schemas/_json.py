@@ -165,6 +165,12 @@ def output_info_from_json(d: Any) -> OutputAliasInfo:
 
 def meta_to_json(meta: ViewAndMutationMeta) -> dict[str, Any]:
     """``meta`` as JSON data. See Note [Cache JSON format]."""
+    # functionalization's recorded view chains (See Note [View replay] in
+    # aotkit_functional) are C++ objects with no cache form; an entry restored without
+    # them would replay outputs' views another way, so such programs stay off the disk
+    infos = [*meta.input_info, *meta.output_info]
+    if any(getattr(i, "view_meta_sequence", None) is not None for i in infos):
+        raise CacheFormatError("recorded view chains (view replay) have no cache form")
     tangents = []
     for t in meta.traced_tangents:
         if isinstance(t, torch.Tensor):
