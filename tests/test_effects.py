@@ -473,3 +473,26 @@ def test_aot_module_with_buffer_mutation() -> None:
         torch.testing.assert_close(ours_mod.count, eager_mod.count)
         for p, q in zip(ours_mod.parameters(), eager_mod.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_torch_compile_graphs_as_torch() -> None:
+    """Through dynamo, the graphs handed to the compilers equal torch's aot_autograd's."""
+    from aotkit import aot_autograd
+    from torch._dynamo.backends.common import aot_autograd as torch_aot_autograd
+
+    texts = []
+    for factory in (aot_autograd, torch_aot_autograd):
+        codes: list[str] = []
+
+        def compiler(gm: torch.fx.GraphModule, example: Any, codes: list[str] = codes) -> Any:
+            codes.append(gm.code)
+            return make_boxed_func(gm.forward)
+
+        torch._dynamo.reset()
+        x = torch.randn(3, requires_grad=True)
+        with _silenced():
+            backend = factory(fw_compiler=compiler, bw_compiler=compiler)
+            torch.compile(_print_twice, backend=backend)(x).sum().backward()
+        texts.append(codes)
+    assert texts[0] == texts[1]
+    assert "def forward(self, primals_1, primals_2)" in texts[0][0]
