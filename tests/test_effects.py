@@ -397,6 +397,20 @@ def test_subclass_program_with_effects_raises() -> None:
     x = TwoTensor(torch.randn(3), torch.randn(3)).requires_grad_(True)
     with pytest.raises(NotImplementedError, match="effectful ops .* tensor subclass"):
         aot_function(lambda t: log(t.sin(), "s"), nop)(x)
+    # an effectful op in a custom backward only
+    with pytest.raises(NotImplementedError, match="effectful ops .in the backward"):
+        aot_function(lambda t: LoggedBackwardOnly.apply(t).sin(), nop)(x)
+
+
+class LoggedBackwardOnly(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        torch.ops.aten._print("backward only")
+        return g * 2
 
 
 @contextlib.contextmanager
