@@ -397,6 +397,20 @@ def test_subclass_program_with_effects_raises() -> None:
     x = TwoTensor(torch.randn(3), torch.randn(3)).requires_grad_(True)
     with pytest.raises(NotImplementedError, match="effectful ops .* tensor subclass"):
         aot_function(lambda t: log(t.sin(), "s"), nop)(x)
+    # an effectful op in a custom backward only
+    with pytest.raises(NotImplementedError, match="effectful ops .in the backward"):
+        aot_function(lambda t: LoggedBackwardOnly.apply(t).sin(), nop)(x)
+
+
+class LoggedBackwardOnly(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        torch.ops.aten._print("backward only")
+        return g * 2
 
 
 @contextlib.contextmanager
@@ -473,3 +487,26 @@ def test_aot_module_with_buffer_mutation() -> None:
         torch.testing.assert_close(ours_mod.count, eager_mod.count)
         for p, q in zip(ours_mod.parameters(), eager_mod.parameters(), strict=True):
             torch.testing.assert_close(p.grad, q.grad)
+
+
+def test_torch_compile_graphs_as_torch() -> None:
+    """Through dynamo, the graphs handed to the compilers equal torch's aot_autograd's."""
+    from aotkit import aot_autograd
+    from torch._dynamo.backends.common import aot_autograd as torch_aot_autograd
+
+    texts = []
+    for factory in (aot_autograd, torch_aot_autograd):
+        codes: list[str] = []
+
+        def compiler(gm: torch.fx.GraphModule, example: Any, codes: list[str] = codes) -> Any:
+            codes.append(gm.code)
+            return make_boxed_func(gm.forward)
+
+        torch._dynamo.reset()
+        x = torch.randn(3, requires_grad=True)
+        with _silenced():
+            backend = factory(fw_compiler=compiler, bw_compiler=compiler)
+            torch.compile(_print_twice, backend=backend)(x).sum().backward()
+        texts.append(codes)
+    assert texts[0] == texts[1]
+    assert "def forward(self, primals_1, primals_2)" in texts[0][0]

@@ -524,6 +524,8 @@ def _compile_training(
     # See Note [Effect tokens]
     meta = artifacts.meta = with_backward_tokens(meta, count_backward_tokens(joint))
     n_tok = len(meta.tokens)
+    if subclasses is not None:
+        check_no_subclass_effects(meta)
     _mark_runtime_mutated_primals(joint, meta, subclasses, n_tok)
     propagate_mutation_meta(joint.graph)  # See Note [Preserved node meta]
     log_joint(joint, single_pass=artifacts.single_pass)

@@ -125,11 +125,11 @@ def count_backward_tokens(joint: torch.fx.GraphModule) -> int:
 
 
 def check_no_subclass_effects(meta: ViewAndMutationMeta) -> None:
-    """Raise when a subclass program has effectful ops (not supported)."""
-    if meta.tokens:
-        raise NotImplementedError(
-            SUBCLASS_EFFECTS_MESSAGE.format(effects=", ".join(str(k) for k in meta.tokens))
-        )
+    """Raise when a subclass program has effectful ops, in its forward or (once the
+    joint is traced) in its backward: not supported."""
+    if meta.tokens or meta.num_backward_tokens:
+        effects = ", ".join(str(k) for k in meta.tokens) or "in the backward"
+        raise NotImplementedError(SUBCLASS_EFFECTS_MESSAGE.format(effects=effects))
 
 
 def drop_unused_effect_results(gm: torch.fx.GraphModule) -> None:

@@ -126,7 +126,9 @@ def trace_inference(
     decompositions: DecompositionTable,
     subclasses: SubclassLayer | None = None,
 ) -> torch.fx.GraphModule:
-    """Trace the inference graph: ``args -> forward returns`` (no saved values).
+    """Trace the inference graph: ``args -> forward returns`` (no saved values), with the
+    effect tokens first on both sides when the program has effectful ops (See Note
+    [Effect tokens]).
 
     With ``subclasses``, the graph takes and returns the inner tensors of the subclass
     inputs and returns (See Note [Tensor subclasses are desugared] in aotkit_schemas).
@@ -183,7 +185,10 @@ def trace_joint(
     native: bool = False,
     subclasses: SubclassLayer | None = None,
 ) -> tuple[torch.fx.GraphModule, list[Any]]:
-    """Trace ``joint(primals, tangents) -> (*forward_returns, *input_grads)``.
+    """Trace ``joint(primals, tangents) -> (*forward_returns, *input_grads)``; with
+    effectful ops, ``primals`` start with the forward's tokens, the forward returns start
+    with them, and the backward's tokens (``tangents_token`` placeholders) end the outputs
+    (See Note [Effect tokens]).
 
     With ``subclasses``, over the inner tensors of subclass values (See Note [Tensor
     subclasses are desugared] in aotkit_schemas); the Python mode then always traces.
