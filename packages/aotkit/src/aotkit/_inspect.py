@@ -166,7 +166,8 @@ def module_of(joint: torch.fx.GraphModule, state_names: Sequence[str] = ()) -> d
 
 def capture(fn_or_module: Callable[..., Any], *args: Any) -> Capture:
     """Compile ``fn_or_module(*args)`` once and keep its graphs. See Note [Inspecting a
-    compilation]."""
+    compilation]. The compiled forward runs once, as a call would (a module's buffers, such
+    as BatchNorm's running statistics, are updated as by ``model(*args)``)."""
     recorded: dict[str, Any] = {}
 
     def recorder(
