@@ -147,4 +147,6 @@ def checking_fake_constants(partition_fn: Callable[..., Any]) -> Callable[..., A
         assert_no_fake_params_or_buffers(joint)
         return partition_fn(joint, *args, **kwargs)
 
+    # logs and the partition report name the partitioner, not this wrapper
+    partition.__name__ = getattr(partition_fn, "__name__", type(partition_fn).__name__)
     return partition
