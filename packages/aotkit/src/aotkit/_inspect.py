@@ -305,6 +305,9 @@ def inspect(
         from ._picture import draw_partition
 
         chosen = cap.outcomes[picture_partitioner]
-        draw_partition(cap, chosen, picture)
-        print(f"wrote {picture} (partition by {picture_partitioner})", file=out)
+        if chosen.report is None:
+            print(f"no picture: {picture_partitioner} failed ({chosen.error})", file=out)
+        else:
+            draw_partition(cap, chosen, picture)
+            print(f"wrote {picture} (partition by {picture_partitioner})", file=out)
     return cap
