@@ -18,7 +18,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_inspect(sub)
     add_compare(sub)
     args = parser.parse_args(argv)
-    code: int = args.run(args)
+    # each add_* registers its handler with set_defaults(run=...)
+    run = getattr(args, "run", None)
+    if run is None:
+        parser.error(f"no handler for command {args.command}")
+    code: int = run(args)
     return code
 
 
