@@ -85,5 +85,5 @@ def test_trace_file_holds_aotkit_graphs_under_torch_names(tmp_path: Path) -> Non
     assert "ViewAndMutationMeta" in ours["aot_forward_graph_fw_metadata"]
     # and the partition report, which torch does not have
     assert "aotkit_partition_report" in ours
-    assert "saved 2 tensors" in ours["aotkit_partition_report"]
+    assert "partitioner default_partition: saved 2 tensors" in ours["aotkit_partition_report"]
     assert "aotkit_partition_report" not in frames[0]

@@ -20,7 +20,7 @@ def add_cache_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[
     cache.add_argument(
         "action", nargs="?", choices=("info", "where", "size", "list", "clear"), default="info"
     )
-    cache.set_defaults(handler=lambda args: cache_command(args.action))
+    cache.set_defaults(run=lambda args: cache_command(args.action))
 
 
 def cache_command(action: str) -> int:

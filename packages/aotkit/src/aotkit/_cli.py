@@ -20,8 +20,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     add_compare(sub)
     add_cache_command(sub)
     args = parser.parse_args(argv)
-    handler = getattr(args, "run", None) or args.handler
-    code: int = handler(args)
+    # each add_* registers its handler with set_defaults(run=...)
+    run = getattr(args, "run", None)
+    if run is None:
+        parser.error(f"no handler for command {args.command}")
+    code: int = run(args)
     return code
 
 

@@ -6,7 +6,9 @@
 #   1. both loss curves side by side (they agree to float rounding);
 #   2. compile time against torch's AOTAutograd: a fresh model through
 #      ``torch.compile(backend="aot_eager")`` and ``backend="aotkit_eager"``, first step
-#      minus a steady step, so both include dynamo's capture and differ in the AOT layer;
+#      minus a steady step, so both include dynamo's capture and differ in the AOT layer
+#      (both backends are warmed up on a tiny function first, so that neither pays for
+#      first imports);
 #   3. what each partitioner saves for the backward (``aotkit.inspect``'s table);
 #   4. the partition picture (Note [Partition picture]).
 # It runs in well under a minute on two cores; ``--steps`` keeps CI runs tiny.
@@ -33,6 +35,9 @@ and Prejudice shipped with aotkit) eagerly and through aotkit's aot_module, with
 bar. Then print the two loss curves side by side, the compile time of aotkit against
 torch's AOTAutograd (both under torch.compile), the bytes each partitioner saves for the
 backward, and write the partition picture. Exits 1 if the loss curves disagree.
+About 20 seconds of CPU time with the defaults; for a run of a few seconds:
+
+example: aotkit demo --steps 5 --no-compile-times --picture none
 """
 
 
@@ -148,9 +153,11 @@ def run_demo(
     if compile_times:
         import torch._dynamo as dynamo
 
-        # dynamo's own first-use cost (imports, caches) goes to neither backend
-        torch.compile(lambda t: t + 1, backend="eager")(torch.ones(1))
-        dynamo.reset()
+        # first-use costs (dynamo's and each backend's imports and caches) go to neither
+        for backend in ("aotkit_eager", "aot_eager"):
+            warm = torch.compile(lambda t: (t * 2).sin().sum(), backend=backend)
+            warm(torch.ones(2, requires_grad=True)).backward()
+            dynamo.reset()
         make = _fresh(data)
         ours = _compile_seconds(make, batches[0], "aotkit_eager")
         theirs = _compile_seconds(make, batches[0], "aot_eager")

@@ -166,7 +166,8 @@ def module_of(joint: torch.fx.GraphModule, state_names: Sequence[str] = ()) -> d
 
 def capture(fn_or_module: Callable[..., Any], *args: Any) -> Capture:
     """Compile ``fn_or_module(*args)`` once and keep its graphs. See Note [Inspecting a
-    compilation]."""
+    compilation]. The compiled forward runs once, as a call would (a module's buffers, such
+    as BatchNorm's running statistics, are updated as by ``model(*args)``)."""
     recorded: dict[str, Any] = {}
 
     def recorder(
@@ -304,6 +305,9 @@ def inspect(
         from ._picture import draw_partition
 
         chosen = cap.outcomes[picture_partitioner]
-        draw_partition(cap, chosen, picture)
-        print(f"wrote {picture} (partition by {picture_partitioner})", file=out)
+        if chosen.report is None:
+            print(f"no picture: {picture_partitioner} failed ({chosen.error})", file=out)
+        else:
+            draw_partition(cap, chosen, picture)
+            print(f"wrote {picture} (partition by {picture_partitioner})", file=out)
     return cap

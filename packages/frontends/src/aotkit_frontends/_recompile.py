@@ -170,6 +170,7 @@ def log_recompile(
         layout = guard.layout
         compiled = flat_args if layout.is_trivial else layout.compiled_args(flat_args)
         reasons = explain_guard_failures(guard.failures(flat_args), guard.positions, compiled)
+        reasons = reasons or ["the newest entry's shape guards failed"]
     elif last_key is not None:
         reasons = explain_key_change(last_key, key, len(flat_args))
     else:

@@ -149,4 +149,6 @@ def checking_fake_constants(partition_fn: Callable[..., Any]) -> Callable[..., A
 
     # the wrapped partitioner's cache key is the wrapper's (Note [Compiler cache keys])
     partition.__wrapped__ = partition_fn  # type: ignore[attr-defined]
+    # logs and the partition report name the partitioner, not this wrapper
+    partition.__name__ = getattr(partition_fn, "__name__", type(partition_fn).__name__)
     return partition
