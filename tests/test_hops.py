@@ -594,3 +594,17 @@ def test_torch_compile_graphs_are_functional(fn: Any, args: Any, hop: str) -> No
     got = _run(torch.compile(fn, backend=backend, fullgraph=True), _clone_args(inputs))
     _assert_same(got, _run(fn, _clone_args(inputs)))
     assert hop in rec.hops()
+
+
+def test_dynamic_shapes_cond_and_while_loop() -> None:
+    looped = aot_function(_while, nop, dynamic=True)
+    branched = aot_function(_cond, nop, dynamic=True)
+    for n in (3, 5):
+        args = [torch.tensor(0), torch.randn(n)]
+        _assert_same(looped(*args), _while(*args))
+        for sign in (1.0, -1.0):
+            inputs = [((torch.rand(n) + 0.1) * sign).requires_grad_(), torch.randn(n, requires_grad=True)]
+            _assert_same(_run(branched, _clone_args(inputs)), _run(_cond, _clone_args(inputs)))
+    # one symbolic entry each serves every size and both branches
+    assert len(looped._aotkit_cache.entries) == 1  # type: ignore[attr-defined]
+    assert len(branched._aotkit_cache.entries) == 1  # type: ignore[attr-defined]
