@@ -608,3 +608,13 @@ def test_dynamic_shapes_cond_and_while_loop() -> None:
     # one symbolic entry each serves every size and both branches
     assert len(looped._aotkit_cache.entries) == 1  # type: ignore[attr-defined]
     assert len(branched._aotkit_cache.entries) == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("pre_dispatch", [False, True], ids=["post_dispatch", "pre_dispatch"])
+def test_hop_without_rules_names_itself_in_export(pre_dispatch: bool) -> None:
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[Any]:
+            return (_ruleless_hop(lambda t: t.sin(), x),)
+
+    with pytest.raises(AOTCompileError, match="higher-order operator aotkit_test_ruleless_hop"):
+        aot_export_module(M(), [torch.randn(3)], trace_joint=False, pre_dispatch=pre_dispatch)
