@@ -25,8 +25,8 @@
 #     mutations in bodies), and random ops inside a body are not keyed for replay.
 #   * A HOP needs the Python functionalization mode (torch registers its functionalization
 #     rules there), so a program with one takes the two-pass flow with torch's Python
-#     ``FunctionalTensorMode``; the path reason names the HOP (Note [Why a graph took the
-#     path it took]).
+#     ``FunctionalTensorMode``; the path reason says "the higher-order operator cond needs
+#     the Python functionalization mode" (Note [Why a graph took the path it took]).
 #   * The graphs a compiler receives stay functional, subgraphs included: the HOP node
 #     and its ``get_attr`` subgraphs are ordinary nodes to the partitioners. A HOP is not
 #     in the recompute allowlist, so min-cut and the memory budget save its outputs,
@@ -40,7 +40,8 @@
 #     creates unbacked ints for carried values). aot_function's fake mode has none for
 #     static shapes (torch's aot_function fails there with an AttributeError), so a trace
 #     that fails for that reason is redone once in a fake mode that has a ShapeEnv but
-#     keeps static shapes: no size becomes symbolic and no guard is added.
+#     keeps static shapes: no size becomes symbolic and no guard is added. With
+#     ``dynamic=True`` (or under dynamo) the fake mode has a ShapeEnv already.
 #   * A HOP that torch cannot trace in a mode aotkit uses raises an error that names the
 #     HOP and what to do (``UnsupportedHigherOrderOperator``), never a bare dispatcher
 #     message.
