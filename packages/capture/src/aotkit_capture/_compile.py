@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +48,7 @@ from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY
 from ._context import track_graph_compiling
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
-from ._hops import fake_mode_with_shape_env, needs_shape_env
+from ._hops import retry_with_shape_env
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
@@ -237,12 +238,8 @@ def compile_flat(
     Returns ``runner(flat_args) -> flat graph outputs`` (user outputs only).
     """
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
-    try:
-        return _compile_flat(flat_fn, flat_args, cfg, fake_mode, shape_env)
-    except Exception as e:  # See Note [Higher-order operators]: while_loop needs a ShapeEnv
-        if fake_mode.shape_env is not None or not needs_shape_env(e):
-            raise
-    return _compile_flat(flat_fn, flat_args, cfg, fake_mode_with_shape_env(), None)
+    compile_in = functools.partial(_compile_flat, flat_fn, flat_args, cfg)
+    return retry_with_shape_env(compile_in, fake_mode, shape_env)  # for while_loop
 
 
 def _compile_flat(

@@ -50,6 +50,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -59,6 +61,7 @@ __all__ = [
     "UnsupportedHigherOrderOperatorError",
     "fake_mode_with_shape_env",
     "needs_shape_env",
+    "retry_with_shape_env",
     "unsupported_hop_error",
 ]
 
@@ -73,6 +76,9 @@ UNSUPPORTED_HOP_MESSAGE = (
     "each need one; See Note [Higher-order operators]). Remedy: register the missing "
     "rule on the operator ({how}), or call {hop} outside the compiled function."
 )
+
+
+_T = TypeVar("_T")
 
 
 class UnsupportedHigherOrderOperatorError(AOTCompileError, NotImplementedError):
@@ -123,3 +129,17 @@ def unsupported_hop_error(e: BaseException) -> UnsupportedHigherOrderOperatorErr
     return UnsupportedHigherOrderOperatorError(
         UNSUPPORTED_HOP_MESSAGE.format(hop=hop, where=where, how=how), hop
     )
+
+
+def retry_with_shape_env(
+    compile_in: Callable[[FakeTensorMode, Any], _T], fake_mode: FakeTensorMode, shape_env: Any
+) -> _T:
+    """``compile_in(fake_mode, shape_env)``; if it fails only because a HOP needs a ShapeEnv
+    on a static fake mode, once more in a static fake mode that has one (and no guards).
+    See Note [Higher-order operators]."""
+    try:
+        return compile_in(fake_mode, shape_env)
+    except Exception as e:
+        if fake_mode.shape_env is not None or not needs_shape_env(e):
+            raise
+    return compile_in(fake_mode_with_shape_env(), None)
