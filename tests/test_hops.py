@@ -17,7 +17,8 @@ import pytest
 import torch
 import torch._functorch.aot_autograd as torch_aot
 import torch.utils.checkpoint as cp
-from aotkit import aot_export_module, aot_function, aot_module, nop
+from aotkit import aot_autograd, aot_export_module, aot_function, aot_module, nop
+from aotkit_backends import graph_function
 from aotkit_capture import AOTCompileError, record_compilations
 from aotkit_partitioners import (
     default_partition,
@@ -75,6 +76,9 @@ class Recorder:
 
     def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
         _assert_functional(gm)
+        # nop runs the graph through a graph function, which calls HOPs with their
+        # subgraph modules (Note [Graph functions] in aotkit_backends)
+        assert graph_function(gm) is not None
         self.graphs.append(gm)
         return nop(gm, example_inputs)
 
@@ -363,8 +367,6 @@ def test_invoke_subgraph_torch_compile(backend: str) -> None:
 
 
 def test_invoke_subgraph_reaches_the_compiler() -> None:
-    from aotkit import aot_autograd
-
     torch._dynamo.reset()
     rec = Recorder()
     args = [torch.randn(3, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True)]
@@ -571,3 +573,48 @@ def test_cond_joint_export(sign: float) -> None:
     expected.backward()
     _assert_same(loss, expected)
     _assert_same(grad_p, m.p.grad)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize(
+    ("fn", "args", "hop"),
+    [
+        (_cond, lambda: [torch.rand(4, requires_grad=True), torch.randn(4, requires_grad=True)], "cond"),
+        (_map, lambda: [torch.randn(4, 3, requires_grad=True), torch.randn(3)], "map_impl"),
+        (_while, lambda: [torch.tensor(0), torch.randn(3)], "while_loop"),
+        (_flex, _qkv, "flex_attention"),
+    ],
+    ids=["cond", "map", "while_loop", "flex_attention"],
+)
+def test_torch_compile_graphs_are_functional(fn: Any, args: Any, hop: str) -> None:
+    torch._dynamo.reset()
+    rec = Recorder()
+    backend = aot_autograd(fw_compiler=rec, bw_compiler=rec, inference_compiler=rec)
+    inputs = args()
+    got = _run(torch.compile(fn, backend=backend, fullgraph=True), _clone_args(inputs))
+    _assert_same(got, _run(fn, _clone_args(inputs)))
+    assert hop in rec.hops()
+
+
+def test_dynamic_shapes_cond_and_while_loop() -> None:
+    looped = aot_function(_while, nop, dynamic=True)
+    branched = aot_function(_cond, nop, dynamic=True)
+    for n in (3, 5):
+        args = [torch.tensor(0), torch.randn(n)]
+        _assert_same(looped(*args), _while(*args))
+        for sign in (1.0, -1.0):
+            inputs = [((torch.rand(n) + 0.1) * sign).requires_grad_(), torch.randn(n, requires_grad=True)]
+            _assert_same(_run(branched, _clone_args(inputs)), _run(_cond, _clone_args(inputs)))
+    # one symbolic entry each serves every size and both branches
+    assert len(looped._aotkit_cache.entries) == 1  # type: ignore[attr-defined]
+    assert len(branched._aotkit_cache.entries) == 1  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("pre_dispatch", [False, True], ids=["post_dispatch", "pre_dispatch"])
+def test_hop_without_rules_names_itself_in_export(pre_dispatch: bool) -> None:
+    class M(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[Any]:
+            return (_ruleless_hop(lambda t: t.sin(), x),)
+
+    with pytest.raises(AOTCompileError, match="higher-order operator aotkit_test_ruleless_hop"):
+        aot_export_module(M(), [torch.randn(3)], trace_joint=False, pre_dispatch=pre_dispatch)

@@ -247,6 +247,36 @@ def checkpoint_dropout(x, w):
     return torch.utils.checkpoint.checkpoint(_sin_dropout, x, w, use_reentrant=False) * 2
 
 
+# ---- higher-order operators (See Note [Higher-order operators] in aotkit_capture) ------
+
+
+def _cond_branches(x, w):
+    return torch.cond(
+        x.sum() > 0, lambda x, w: (x @ w).sin(), lambda x, w: (x * 2).cos() @ w, (x, w)
+    )
+
+
+def _positive(*shape, grad=False):
+    return (torch.rand(*shape) + 0.1).requires_grad_(grad)
+
+
+@case(inputs=lambda: (_positive(3, 4, grad=True), rand(4, 4, grad=True)))
+def cond_true_branch(x, w):
+    return _cond_branches(x, w)
+
+
+@case(inputs=lambda: ((-_positive(3, 4)).requires_grad_(), rand(4, 4, grad=True)))
+def cond_false_branch(x, w):
+    return _cond_branches(x, w)
+
+
+@case(inputs=lambda: (rand(2, 3, 4, grad=True), rand(4, grad=True)))
+def map_nested(xs, w):
+    from torch._higher_order_ops.map import map as hop_map
+
+    return hop_map(lambda x, w: hop_map(lambda y, w: (y * w).sin(), x, w), xs, w)
+
+
 @case(inputs=lambda: (rand(4, 8, grad=True), rand(8, 8, grad=True)))
 def rand_like_forward(x, w):
     return (x * torch.rand_like(x)).sin() @ w

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -55,7 +56,7 @@ from ._graph_facts import (
     static_tangent_like,
     tangent_dependencies,
 )
-from ._hops import fake_mode_with_shape_env, needs_shape_env
+from ._hops import retry_with_shape_env
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
@@ -257,12 +258,8 @@ def compile_traced(
     entry, ``compile_flat``, adds the on-disk cache (See Note [On-disk compile cache]).
     """
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
-    try:
-        return _compile_flat(flat_fn, flat_args, cfg, fake_mode, shape_env)
-    except Exception as e:  # See Note [Higher-order operators]: while_loop needs a ShapeEnv
-        if fake_mode.shape_env is not None or not needs_shape_env(e):
-            raise
-    return _compile_flat(flat_fn, flat_args, cfg, fake_mode_with_shape_env(), None)
+    compile_in = functools.partial(_compile_flat, flat_fn, flat_args, cfg)
+    return retry_with_shape_env(compile_in, fake_mode, shape_env)  # for while_loop
 
 
 def _compile_flat(

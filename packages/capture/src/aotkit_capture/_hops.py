@@ -25,8 +25,8 @@
 #     mutations in bodies), and random ops inside a body are not keyed for replay.
 #   * A HOP needs the Python functionalization mode (torch registers its functionalization
 #     rules there), so a program with one takes the two-pass flow with torch's Python
-#     ``FunctionalTensorMode``; the path reason names the HOP (Note [Why a graph took the
-#     path it took]).
+#     ``FunctionalTensorMode``; the path reason says "the higher-order operator cond needs
+#     the Python functionalization mode" (Note [Why a graph took the path it took]).
 #   * The graphs a compiler receives stay functional, subgraphs included: the HOP node
 #     and its ``get_attr`` subgraphs are ordinary nodes to the partitioners. A HOP is not
 #     in the recompute allowlist, so min-cut and the memory budget save its outputs,
@@ -40,7 +40,8 @@
 #     creates unbacked ints for carried values). aot_function's fake mode has none for
 #     static shapes (torch's aot_function fails there with an AttributeError), so a trace
 #     that fails for that reason is redone once in a fake mode that has a ShapeEnv but
-#     keeps static shapes: no size becomes symbolic and no guard is added.
+#     keeps static shapes: no size becomes symbolic and no guard is added. With
+#     ``dynamic=True`` (or under dynamo) the fake mode has a ShapeEnv already.
 #   * A HOP that torch cannot trace in a mode aotkit uses raises an error that names the
 #     HOP and what to do (``UnsupportedHigherOrderOperator``), never a bare dispatcher
 #     message.
@@ -49,6 +50,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -58,6 +61,7 @@ __all__ = [
     "UnsupportedHigherOrderOperatorError",
     "fake_mode_with_shape_env",
     "needs_shape_env",
+    "retry_with_shape_env",
     "unsupported_hop_error",
 ]
 
@@ -72,6 +76,9 @@ UNSUPPORTED_HOP_MESSAGE = (
     "each need one; See Note [Higher-order operators]). Remedy: register the missing "
     "rule on the operator ({how}), or call {hop} outside the compiled function."
 )
+
+
+_T = TypeVar("_T")
 
 
 class UnsupportedHigherOrderOperatorError(AOTCompileError, NotImplementedError):
@@ -122,3 +129,17 @@ def unsupported_hop_error(e: BaseException) -> UnsupportedHigherOrderOperatorErr
     return UnsupportedHigherOrderOperatorError(
         UNSUPPORTED_HOP_MESSAGE.format(hop=hop, where=where, how=how), hop
     )
+
+
+def retry_with_shape_env(
+    compile_in: Callable[[FakeTensorMode, Any], _T], fake_mode: FakeTensorMode, shape_env: Any
+) -> _T:
+    """``compile_in(fake_mode, shape_env)``; if it fails only because a HOP needs a ShapeEnv
+    on a static fake mode, once more in a static fake mode that has one (and no guards).
+    See Note [Higher-order operators]."""
+    try:
+        return compile_in(fake_mode, shape_env)
+    except Exception as e:
+        if fake_mode.shape_env is not None or not needs_shape_env(e):
+            raise
+    return compile_in(fake_mode_with_shape_env(), None)
