@@ -14,7 +14,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
-from aotkit_capture import CompiledArtifacts, Runner, check_input_kinds, compile_flat
+from aotkit_capture import (
+    CompiledArtifacts,
+    Runner,
+    captured_tensor_error,
+    check_input_kinds,
+    compile_flat,
+    is_captured_tensor_error,
+)
 from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig
 
@@ -93,6 +100,9 @@ class CompiledCache:
         self._flat_specs: dict[int, pytree.TreeSpec] = {}
         self._dynamic = cfg.dynamic_shapes
         self._num_static = cfg.num_params_buffers
+        # what an error about captured tensors walks, and what it skips (aot_module's
+        # module, whose tensors are inputs): See Note [Tensors captured by closure or global]
+        self.user_fn: tuple[Callable[..., Any], tuple[Any, ...]] = (fn, ())
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
@@ -148,7 +158,14 @@ class CompiledCache:
         ))
         outputs = OutputLayout()
         flat_fn = flatten_function(self.fn, in_spec, outputs)
-        runner, artifacts = compile_flat(flat_fn, flat_args, self.cfg)
+        try:
+            runner, artifacts = compile_flat(flat_fn, flat_args, self.cfg)
+        except (AssertionError, RuntimeError) as e:
+            if not is_captured_tensor_error(e):
+                raise
+            # See Note [Tensors captured by closure or global]
+            user_fn, skip = self.user_fn
+            raise captured_tensor_error(user_fn, e, skip) from e
         return runner, outputs, artifacts
 
     @property
@@ -266,6 +283,7 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
 
     kwargs["num_params_buffers"] = n_state
     compiled = aot_function(functional_call, *args, **kwargs)
+    compiled._aotkit_cache.user_fn = (mod.forward, (mod,))  # type: ignore[attr-defined]
     return AOTModule(mod, compiled, state)
 
 
