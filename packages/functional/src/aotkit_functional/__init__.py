@@ -1,8 +1,8 @@
 """aotkit_functional: helpers around functionalization and alias regeneration."""
 
 from ._alias_regeneration import as_plain_tensor as as_plain_tensor
-from ._bindings import apply_view_meta_sequence as apply_view_meta_sequence
 from ._alias_regeneration import regenerate_alias as regenerate_alias
+from ._bindings import apply_view_meta_sequence as apply_view_meta_sequence
 from ._eager_checks import EagerInplaceChecks as EagerInplaceChecks
 from ._eager_checks import has_internal_overlap as has_internal_overlap
 from ._eager_checks import (
