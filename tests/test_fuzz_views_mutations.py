@@ -60,6 +60,15 @@ def pick(values: Sequence[Any], i: int) -> Any:
 class InputSpec:
     kind: str  # INPUT_KINDS, "view_of_0" or "same_as_0"
     view: Step | None = None  # for view_of_0
+    # for INPUT_KINDS: how the tensor lies in memory (LAYOUTS); not "contiguous", it is a
+    # view of (or, for grad_leaf, a leaf over the memory of) a larger base tensor
+    layout: str = "contiguous"
+
+
+# Input layouts: the tensor passed in is a non-contiguous view of a larger base, as a
+# user's input often is (a transposed weight, a slice of a batch). Mutating it and viewing
+# it again must give eager's strides and storage offsets, and leave the base as eager does.
+LAYOUTS = ("contiguous", "contiguous", "transposed", "sliced", "stepped", "expanded", "t_sliced")
 
 
 @dataclass(frozen=True)
@@ -73,7 +82,11 @@ class Program:
         """The program as Python, for failure reports."""
         lines = [f"# base shape {self.shape}"]
         for i, spec in enumerate(self.inputs):
-            lines.append(f"# input a{i}: {spec.kind}" + (f" via {_describe(spec.view)}" if spec.view else ""))
+            lines.append(
+                f"# input a{i}: {spec.kind}"
+                + (f" via {_describe(spec.view)}" if spec.view else "")
+                + (f", layout {spec.layout}" if spec.layout != "contiguous" else "")
+            )
         names = [f"v{i}" for i in range(len(self.inputs))]
         lines.append(f"def f({', '.join(names)}):")
         for step in self.steps:
@@ -158,7 +171,14 @@ def run_program(program: Program, args: Sequence[torch.Tensor]) -> tuple[torch.T
     # first link (torch issue 104505; see the corpus case
     # mutation_through_view_of_an_as_strided_view), so as_strided is only taken of inputs
     # that are not views themselves.
-    as_strided_ok = {i for i, s in enumerate(program.inputs) if s.kind != "view_of_0"}
+    # Nor of an input laid out in a larger base: as_strided's strides count in the base's
+    # memory, while the graph holds a mutated input as a fresh contiguous tensor, so
+    # functionalization raises (out of bounds) for an in-bounds eager call; torch alike.
+    as_strided_ok = {
+        i
+        for i, s in enumerate(program.inputs)
+        if s.kind != "view_of_0" and s.layout == "contiguous"
+    }
     for step in program.steps:
         t = pick(values, step.src)
         other = pick(values, step.other)
@@ -197,7 +217,54 @@ def run_program(program: Program, args: Sequence[torch.Tensor]) -> tuple[torch.T
     return tuple(pick(values, o) for o in program.outputs)
 
 
-def make_inputs(program: Program) -> tuple[torch.Tensor, ...]:
+def _laid_out(shape: tuple[int, ...], layout: str, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A fresh random tensor of ``shape`` with ``layout`` (LAYOUTS) and input ``kind``, and
+    the base tensor whose memory it lives in."""
+    nd = len(shape)
+    if layout == "contiguous" or (layout in ("transposed", "t_sliced") and nd < 2):
+        layout = "contiguous" if layout == "contiguous" else "sliced"
+    if layout == "expanded" and shape[0] == 1:
+        layout = "sliced"
+    perm = tuple(reversed(range(nd)))
+    if layout == "contiguous":
+        base_shape = shape
+    elif layout == "transposed":
+        base_shape = tuple(reversed(shape))
+    elif layout == "sliced":
+        base_shape = tuple(s + 1 for s in shape)
+    elif layout == "t_sliced":
+        base_shape = tuple(reversed([s + 1 for s in shape]))
+    elif layout == "stepped":
+        base_shape = (*shape[:-1], 2 * shape[-1])
+    else:  # expanded
+        base_shape = (1, *shape[1:])
+    base = torch.randn(base_shape, requires_grad=kind != "plain")
+    if kind == "grad_nonleaf":
+        base = base.clone()
+    if kind == "grad_leaf":
+        base = base.detach()  # a leaf over the view's memory: made below
+    if layout == "contiguous":
+        t = base
+    elif layout == "transposed":
+        t = base.permute(perm)
+    elif layout == "sliced":
+        t = base[(slice(1, None),) * nd]
+    elif layout == "t_sliced":
+        t = base.permute(perm)[(slice(1, None),) * nd]
+    elif layout == "stepped":
+        t = base[..., ::2]
+    else:
+        t = base.expand(shape)
+    if kind == "grad_leaf":
+        t = t.detach().requires_grad_()
+    assert tuple(t.shape) == shape, (layout, t.shape, shape)
+    return t, base
+
+
+def make_inputs(
+    program: Program, bases: list[torch.Tensor] | None = None
+) -> tuple[torch.Tensor, ...]:
+    """The program's inputs; ``bases`` collects the base of each laid-out input."""
     out: list[torch.Tensor] = []
     for spec in program.inputs:
         if spec.kind == "same_as_0":
@@ -205,18 +272,23 @@ def make_inputs(program: Program) -> tuple[torch.Tensor, ...]:
         elif spec.kind == "view_of_0":
             assert spec.view is not None
             out.append(apply_view(spec.view.op, out[0], spec.view.params))
+        elif spec.layout != "contiguous":
+            t, base = _laid_out(program.shape, spec.layout, spec.kind)
+            out.append(t)
+            if bases is not None:
+                bases.append(base)
         else:
             t = torch.randn(program.shape, requires_grad=spec.kind != "plain")
             out.append(t.clone() if spec.kind == "grad_nonleaf" else t)
     return tuple(out)
 
 
-def as_case(program: Program) -> Case:
+def as_case(program: Program, bases: list[torch.Tensor] | None = None) -> Case:
     def fn(*args: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return run_program(program, args)
 
     def inputs() -> tuple[torch.Tensor, ...]:
-        return make_inputs(program)
+        return make_inputs(program, bases)
 
     return Case(name="fuzz", category="mutation", program=fn, inputs=inputs, calls=2)
 
@@ -229,11 +301,15 @@ _params = st.tuples(*[st.integers(0, 7)] * 4)
 @st.composite
 def programs(draw: Callable[..., Any]) -> Program:
     shape = draw(st.sampled_from(SHAPES))
-    first = InputSpec(draw(st.sampled_from(FIRST_INPUT_KINDS)))
+    first = InputSpec(
+        draw(st.sampled_from(FIRST_INPUT_KINDS)), layout=draw(st.sampled_from(LAYOUTS))
+    )
     rest = draw(
         st.lists(
             st.one_of(
-                st.builds(InputSpec, st.sampled_from(INPUT_KINDS)),
+                st.builds(
+                    InputSpec, st.sampled_from(INPUT_KINDS), layout=st.sampled_from(LAYOUTS)
+                ),
                 # not expand: see the corpus case aliased_input_expanded_from_another
                 st.builds(
                     InputSpec,
@@ -301,15 +377,34 @@ def _configure(test: Callable[..., Any]) -> Callable[..., Any]:
 def check_program(program: Program, *, record: bool = False) -> list[str]:
     """Every difference between eager and aotkit on ``program`` (``record``: report what
     the program exercises as Hypothesis events)."""
-    case = as_case(program)
+    bases: list[torch.Tensor] = []
+    case = as_case(program, bases)
     eager = run_case(case, "eager")
+    eager_bases = [b.detach().clone() for b in bases]
+    bases.clear()
     # every graph also runs through nop's graph function (See Note [Graph functions])
     aot = run_case(case, "aotkit_graph_function")
     if record:
         _record_kind(eager, aot)
     problems = compare_runs(eager, aot, case, unsafe_views=unsafe_view_outputs(aot))
+    if not any(o.raised for o in eager.observations):
+        # an eager call that raises may have mutated a base before raising; aotkit raises
+        # before touching anything (the harness then compares only that both raised)
+        problems += _base_problems(eager_bases, bases)
     assert aot.log is not None
     return problems + compile_problems(aot) + aot.log.graph_function_problems
+
+
+def _base_problems(eager: Sequence[torch.Tensor], aot: Sequence[torch.Tensor]) -> list[str]:
+    """The larger tensors that laid-out inputs live in must end as in eager: a mutation
+    written through the wrong strides changes memory outside the input itself."""
+    if len(eager) != len(aot):
+        return [f"{len(aot)} input bases made in the aotkit run, {len(eager)} in eager"]
+    problems = []
+    for i, (e, a) in enumerate(zip(eager, aot, strict=True)):
+        if not torch.allclose(e, a.detach(), rtol=1.3e-6, atol=1e-5, equal_nan=True):
+            problems.append(f"input base {i} after the calls differs from eager's")
+    return problems
 
 
 def _record_kind(eager: Run, aot: Run) -> None:
@@ -339,3 +434,29 @@ def test_views_and_mutations_match_eager(program: Program) -> None:
     note(program.source())
     problems = check_program(program, record=True)
     assert not problems, "\n".join(problems)
+
+
+# The issue-13 program: ``x.mul_(2); return x[1:].t()`` on ``base.t()[1:]``. Before view
+# replay followed functionalization's recorded view chain, its output had the graph's
+# strides and offset and wrong values; the generated sample must reach this family.
+ISSUE_13_PROGRAMS = (
+    Program(
+        (4, 5),
+        (InputSpec("plain", layout="t_sliced"),),
+        (Step("mul_", 0, 0, (0, 0, 0, 0)), Step("slice", 0, 0, (0, 1, 7, 0)), Step("t", 0, 0, (0,) * 4)),
+        (0,),
+    ),
+    Program(
+        (3, 4),
+        (InputSpec("grad_nonleaf", layout="sliced"),),
+        (Step("add_", 0, 0, (0, 0, 0, 0)), Step("transpose", 0, 0, (0, 1, 0, 0)),
+         Step("slice", 0, 0, (0, 1, 7, 0))),
+        (0, 2),
+    ),
+)
+
+
+def test_issue_13_programs_match_eager() -> None:
+    for program in ISSUE_13_PROGRAMS:
+        problems = check_program(program)
+        assert not problems, program.source() + "\n" + "\n".join(problems)

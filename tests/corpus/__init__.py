@@ -34,6 +34,7 @@ _CORPUS_MODULES = (
     "corpus.outputs",
     "corpus.mutations",
     "corpus.aliased_inputs",
+    "corpus.layouts",
 )
 
 

@@ -12,6 +12,9 @@ from ._backward_mutations import (
 from ._backward_mutations import (
     BACKWARD_TANGENT_METADATA_MUTATION as BACKWARD_TANGENT_METADATA_MUTATION,
 )
+from ._captured_tensors import CapturedTensorError as CapturedTensorError
+from ._captured_tensors import captured_tensor_error as captured_tensor_error
+from ._captured_tensors import is_captured_tensor_error as is_captured_tensor_error
 from ._compile import CompiledArtifacts as CompiledArtifacts
 from ._compile import Runner as Runner
 from ._context import get_aot_compilation_context as get_aot_compilation_context
@@ -62,6 +65,7 @@ __all__ = [
     "BACKWARD_TANGENT_METADATA_MUTATION",
     "AOTCompileError",
     "AOTExportError",
+    "CapturedTensorError",
     "CompiledArtifacts",
     "FlatFn",
     "NotSinglePass",
@@ -72,6 +76,7 @@ __all__ = [
     "UnsupportedInputError",
     "VALUE_KINDS",
     "call_preserving_node_meta",
+    "captured_tensor_error",
     "check_input_kinds",
     "compile_flat",
     "construct_fake_mode",
@@ -80,6 +85,7 @@ __all__ = [
     "get_aot_compilation_context",
     "get_aot_graph_name",
     "get_graph_being_compiled",
+    "is_captured_tensor_error",
     "record_compilations",
     "retrace_flat",
     "set_model_name",

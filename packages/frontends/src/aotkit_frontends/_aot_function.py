@@ -18,8 +18,10 @@ from aotkit_capture import (
     CompiledArtifacts,
     Runner,
     Uncacheable,
+    captured_tensor_error,
     check_input_kinds,
     compile_flat,
+    is_captured_tensor_error,
     program_fingerprint,
 )
 from aotkit_partitioners import default_partition
@@ -110,6 +112,9 @@ class CompiledCache:
         self._flat_specs: dict[int, pytree.TreeSpec] = {}
         self._dynamic = cfg.dynamic_shapes
         self._num_static = cfg.num_params_buffers
+        # what an error about captured tensors walks, and what it skips (aot_module's
+        # module, whose tensors are inputs): See Note [Tensors captured by closure or global]
+        self.user_fn: tuple[Callable[..., Any], tuple[Any, ...]] = (fn, ())
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
@@ -164,9 +169,16 @@ class CompiledCache:
         # See Note [On-disk compile cache] in aotkit_capture: off unless AOTKIT_CACHE=1 or
         # disk_cache_config says so, and then only with compilers that offer cache keys
         identity = fingerprint_or_none(self.fn) if disk_cache_enabled(default=False) else None
-        runner, artifacts = compile_flat(
-            flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
-        )
+        try:
+            runner, artifacts = compile_flat(
+                flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
+            )
+        except (AssertionError, RuntimeError) as e:
+            if not is_captured_tensor_error(e):
+                raise
+            # See Note [Tensors captured by closure or global]
+            user_fn, skip = self.user_fn
+            raise captured_tensor_error(user_fn, e, skip) from e
         return runner, outputs, artifacts
 
     @property
@@ -288,6 +300,7 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
 
     kwargs["num_params_buffers"] = n_state
     compiled = aot_function(functional_call, *args, **kwargs)
+    compiled._aotkit_cache.user_fn = (mod.forward, (mod,))  # type: ignore[attr-defined]
     return AOTModule(mod, compiled, state)
 
 

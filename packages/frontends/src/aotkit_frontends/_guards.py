@@ -6,6 +6,8 @@
 # on inputs it was not traced for:
 #   * the aliasing pattern of the inputs (Note [Duplicate and aliased inputs]);
 #   * grad mode and each tensor's requires_grad (they decide inference vs training);
+#   * the rest of the ambient state that changes a trace: autocast, inference mode,
+#     deterministic algorithms, default dtype, ... (Note [Ambient state in the compile key]);
 #   * dtype, device, layout and number of dimensions of every tensor;
 #   * with static shapes, every size and stride; with dynamic shapes, the ShapeEnv's
 #     guards, checked against the new sizes (a violation triggers a retrace, see
@@ -24,6 +26,8 @@ from typing import Any
 
 import torch
 from aotkit_capture import VALUE_KINDS
+
+from ._ambient import ambient_key
 
 
 def _alias_key(flat_args: Sequence[Any], *, with_shapes: bool) -> tuple[Any, ...]:
@@ -58,7 +62,7 @@ def input_key(
     With ``dynamic``, the first ``num_static`` inputs (those fakified with static shapes)
     keep their sizes and strides in the key; see Note [Shape guards].
     """
-    parts: list[Any] = [torch.is_grad_enabled()]
+    parts: list[Any] = [ambient_key()]
     for i, a in enumerate(flat_args):
         if isinstance(a, torch.Tensor):
             if dynamic and i >= num_static:

@@ -14,6 +14,10 @@
 #      eager's, and (1)/(2) below would copy the graph's layout onto the user's storage
 #      (wrong strides, wrong values). The chain is recorded at trace time (in
 #      aotkit_analysis), for inputs whose metadata the function did not change.
+#      Without a recorded chain (symbolic view arguments), an alias the graph computed
+#      from a fresh tensor standing for the base is only rebuilt by (2) below when that
+#      tensor has the base's strides; otherwise the runtime raises rather than return
+#      the graph's layout on the user's storage.
 #   1. view replay: when the graph's value is itself a view over the same storage, replay
 #      its recorded view chain (``_view_func``) on the base. The result has a proper view
 #      grad_fn (ViewBackward, SelectBackward, ...).
@@ -104,6 +108,25 @@ def regenerate_alias(
             and candidate.dtype == graph_value.dtype
         ):
             out = candidate
+    if out is None and not same_storage and graph_value._is_view():
+        # No recorded chain (its view arguments were symbolic) and the graph computed the
+        # alias from a fresh tensor standing for the base (an input mutated in the graph).
+        # The graph's strides are only the user's when that tensor has the base's layout.
+        root = graph_value._base
+        if (
+            root is not None
+            and root.shape == base.shape
+            and root.dtype == base.dtype
+            and root.stride() != base.stride()
+        ):
+            raise RuntimeError(
+                "aotkit cannot rebuild an output that views a mutated input whose layout "
+                f"is not the graph's (input stride {tuple(base.stride())}, graph stride "
+                f"{tuple(root.stride())}): the view's arguments were symbolic (dynamic "
+                "shapes), so its recorded view chain cannot be replayed on the input. "
+                "Remedy: pass a contiguous input (x.contiguous()), return a copy of the "
+                "view (.clone()), or compile with dynamic=False."
+            )
     if out is None:
         if same_storage:
             offset = graph_value.storage_offset()

@@ -1,0 +1,203 @@
+"""Programs aotkit used to answer with wrong values in silence (issue 13), each compared with
+eager and with torch's AOTAutograd: opaque non-tensor arguments, non-tensor values keyed
+by value, ambient state (autocast, default dtype, ...) in the compile key, and tensors
+captured by closure or global.
+
+View replay of outputs viewing a mutated non-contiguous input is covered by the corpus
+(tests/corpus/layouts.py) and the fuzzer's input layouts.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+import torch
+from aotkit import aot_function, aot_module, nop
+from aotkit_capture import CapturedTensorError, UnsupportedInputError
+from torch._functorch.aot_autograd import aot_function as torch_aot_function
+
+
+class Cfg:
+    def __init__(self, scale: float) -> None:
+        self.scale = scale
+
+
+def _scaled(x: torch.Tensor, cfg: Cfg) -> torch.Tensor:
+    return x * cfg.scale
+
+
+# ---- opaque non-tensor arguments ------------------------------------------------------
+
+
+def test_opaque_object_argument_raises_like_torch() -> None:
+    with pytest.raises(AssertionError, match="all flat_args must be KNOWN_TYPES"):
+        torch_aot_function(_scaled, nop)(torch.ones(2), Cfg(2.0))
+    g = aot_function(_scaled, nop)
+    with pytest.raises(UnsupportedInputError) as info:
+        g(torch.ones(2), Cfg(2.0))
+    text = str(info.value)
+    assert "all flat_args must be KNOWN_TYPES or opaque types" in text  # torch's words
+    assert "argument 1 is a " in text and "Cfg" in text  # position and type
+    assert "functools.partial" in text and "as tensors" in text  # the remedies
+    assert isinstance(info.value, TypeError) and isinstance(info.value, AssertionError)
+
+
+def test_opaque_object_in_a_keyword_container_is_named() -> None:
+    g = aot_function(lambda x, *, opts: x * opts["a"][1], nop)
+    with pytest.raises(UnsupportedInputError, match=r"keyword argument 'opts'\['a'\]\[1\]"):
+        g(torch.ones(2), opts={"a": [1, Cfg(2.0)]})
+
+
+def test_the_remedy_works_and_matches_eager() -> None:
+    g = aot_function(functools.partial(_scaled, cfg=Cfg(3.0)), nop)
+    torch.testing.assert_close(g(torch.ones(2)), torch.full((2,), 3.0))
+
+
+@pytest.mark.parametrize(
+    ("fn", "values"),
+    [
+        (lambda x, d: x.to(d), [torch.float16, torch.float64]),
+        (lambda x, s: x * s, [0.0, -0.0]),
+        (lambda x, s: x * s, [2.0, 3.0]),
+        (lambda x, s: x * s.real, [2 + 0j, 3 + 0j]),
+        (lambda x, s: x.sum() if s == "sum" else x.mean(), ["sum", "mean"]),
+        (lambda x, d: x.to(d), [torch.device("cpu"), torch.device("meta")]),
+        (
+            lambda x, m: x.contiguous(memory_format=m),
+            [torch.contiguous_format, torch.channels_last],
+        ),
+    ],
+)
+def test_non_tensor_values_are_keyed_by_value(fn: Any, values: list[Any]) -> None:
+    g = aot_function(fn, nop)
+    for v in values:
+        x = torch.randn(2, 3, 4, 5)
+        expected, got = fn(x, v), g(x, v)
+        assert got.dtype == expected.dtype and got.device == expected.device
+        assert got.stride() == expected.stride()
+        if expected.device.type != "meta":
+            torch.testing.assert_close(got, expected, equal_nan=True)
+            assert torch.equal(torch.signbit(got), torch.signbit(expected))
+
+
+# ---- ambient state --------------------------------------------------------------------
+
+
+def test_autocast_region_is_part_of_the_key() -> None:
+    g = aot_function(lambda x, w: x @ w, nop)
+    x, w = torch.randn(3, 3), torch.randn(3, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert g(x, w).dtype == (x @ w).dtype == torch.bfloat16
+    assert g(x, w).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert g(x, w).dtype == (x @ w).dtype
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        assert g(x, w).dtype == torch.float32
+
+
+def test_default_dtype_is_part_of_the_key() -> None:
+    fn = lambda x: x + torch.ones(3)  # noqa: E731
+    g = aot_function(fn, nop)
+    x = torch.ones(3, dtype=torch.float16)
+    assert g(x).dtype == torch.float32
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert g(x).dtype == fn(x).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(old)
+    assert g(x).dtype == torch.float32
+
+
+def test_inference_mode_and_deterministic_algorithms_are_part_of_the_key() -> None:
+    g = aot_function(lambda x: x * 2, nop)
+    assert not g(torch.ones(2)).is_inference()
+    with torch.inference_mode():
+        assert g(torch.ones(2)).is_inference()
+    assert not g(torch.ones(2)).is_inference()
+    n = len(g._aotkit_cache.entries)  # type: ignore[attr-defined]
+    old = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        g(torch.ones(2))
+    finally:
+        torch.use_deterministic_algorithms(old)
+    assert len(g._aotkit_cache.entries) == n + 1  # type: ignore[attr-defined]
+    g(torch.ones(2))
+    assert len(g._aotkit_cache.entries) == n + 1  # type: ignore[attr-defined]
+
+
+def test_autocast_in_aot_module() -> None:
+    lin = torch.nn.Linear(3, 3)
+    m = aot_module(lin, nop)
+    x = torch.randn(2, 3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert m(x).dtype == lin(x).dtype == torch.bfloat16
+    assert m(x).dtype == torch.float32
+
+
+# ---- tensors captured by closure or global -------------------------------------------
+
+W_GLOBAL = torch.nn.Parameter(torch.randn(3, 3))
+COUNTER = torch.zeros(3)
+
+
+def _uses_global(x: torch.Tensor) -> torch.Tensor:
+    return x @ W_GLOBAL
+
+
+def _mutates_global(x: torch.Tensor) -> torch.Tensor:
+    COUNTER.add_(x)
+    return x * 2
+
+
+def _closure() -> Any:
+    w = torch.nn.Parameter(torch.randn(3, 3))
+
+    def uses_closure(x: torch.Tensor) -> torch.Tensor:
+        return x @ w
+
+    return uses_closure
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+@pytest.mark.parametrize(
+    ("fn", "origin", "verb"),
+    [
+        (_uses_global, "global 'W_GLOBAL'", "uses"),
+        (_mutates_global, "global 'COUNTER'", "mutates"),
+        (_closure(), "closure variable 'w'", "uses"),
+    ],
+)
+def test_captured_tensor_names_origin_and_remedy(
+    fn: Any, origin: str, verb: str, requires_grad: bool
+) -> None:
+    # torch fails with an internal assertion on all of these
+    with pytest.raises((AssertionError, RuntimeError)):
+        torch_aot_function(fn, nop)(torch.ones(3, requires_grad=requires_grad))
+    before = COUNTER.clone()
+    with pytest.raises(CapturedTensorError) as info:
+        aot_function(fn, nop)(torch.ones(3, requires_grad=requires_grad))
+    text = str(info.value)
+    assert origin in text and f"function {verb} a tensor" in text
+    assert "pass the tensor as an argument" in text and "aot_module" in text
+    assert isinstance(info.value, AssertionError)
+    assert torch.equal(COUNTER, before)  # nothing half-done
+
+
+def test_captured_module_parameters_in_aot_module_forward() -> None:
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) + W_GLOBAL.sum()
+
+    with pytest.raises(CapturedTensorError) as info:
+        aot_module(M(), nop)(torch.ones(3))
+    text = str(info.value)
+    assert "global 'W_GLOBAL'" in text
+    assert "lin.weight" not in text  # the module's own parameters are inputs
