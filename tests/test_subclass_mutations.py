@@ -162,3 +162,30 @@ def test_metadata_mutation_of_a_subclass_input(grad: bool) -> None:
     assert_same(got, expected)
     assert_same(got, oracle)
     assert_plain_graphs(graphs, examples)
+
+
+def test_subclass_created_inside_with_symbolic_sizes() -> None:
+    """See Note [Symbolic outer sizes of subclasses] in aotkit_schemas: a subclass output
+    whose outer size is symbolic is rebuilt with its run-time size, one graph for all."""
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        t = TwoTensor(x, y * 2)
+        return (t * x).sin()
+
+    graphs: Graphs = []
+    examples: list[list[Any]] = []
+    rec = _recording(graphs, examples, aotkit.nop)
+    g = aotkit.aot_function(f, rec, dynamic=True)
+    for n in (3, 4, 7):
+        x, y = torch.randn(n), torch.randn(n)
+        got, expected = g(x, y), f(x, y)
+        assert_same(got, expected)
+        assert got.stride() == expected.stride()
+    assert len(graphs) == 1
+    assert_plain_graphs(graphs, examples)
+
+
+def test_subclass_input_with_symbolic_sizes_raises_a_clear_error() -> None:
+    f = aotkit.aot_function(lambda x: x * 2, aotkit.nop, dynamic=True)
+    with pytest.raises(NotImplementedError, match="subclass input TwoTensor has symbolic"):
+        f(two(3))

@@ -7,6 +7,7 @@ from ._call import as_list_caller as as_list_caller
 from ._epilogue import make_epilogue as make_epilogue
 from ._epilogue import needs_epilogue as needs_epilogue
 from ._subclass import ZeroTangent as ZeroTangent
+from ._subclass import check_rebuildable as check_rebuildable
 from ._subclass import create_subclass_metas as create_subclass_metas
 from ._subclass import is_subclass as is_subclass
 from ._subclass import make_unwrapper as make_unwrapper
@@ -22,6 +23,7 @@ __all__ = [
     "AutogradPlan",
     "ZeroTangent",
     "as_list_caller",
+    "check_rebuildable",
     "create_subclass_metas",
     "is_subclass",
     "make_autograd_function",

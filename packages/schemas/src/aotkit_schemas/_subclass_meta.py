@@ -88,6 +88,32 @@ class OpaqueMeta:
         return 0
 
 
+# Note [Symbolic outer sizes of subclasses]
+# Under dynamic shapes a subclass's outer size and stride are SymInts of the trace. At run
+# time a rebuilt subclass (a forward output, a gradient) needs ints: each symbol is read
+# from the concrete size or stride of one of the subclass's own inner tensors (where the
+# trace saw that symbol alone), and the outer expressions are evaluated with them
+# (TwoTensor's outer size is its inner size; DTensor's is a multiple of its local one).
+# Inputs are never rebuilt at run time (the user's values are flattened), so only the
+# forward outputs and the gradients need this; one of those whose outer expression has a
+# symbol that no inner size or stride gives is refused at compile time, naming the
+# subclass. torch passes such sizes as extra SymInt graph
+# inputs and outputs instead; the graphs aotkit hands to compilers have no such extras.
+@dataclass(frozen=True, eq=False)
+class SymbolicOuter:
+    """How to compute a subclass's outer size and stride from its inner tensors."""
+
+    # (symbol, position of the inner tensor among the subclass's graph values, whether
+    # from a stride (else a size), dimension)
+    bindings: tuple[tuple[Any, int, bool, int], ...]
+    # sympy expressions (or ints) of the outer size and stride
+    size_exprs: tuple[Any, ...]
+    stride_exprs: tuple[Any, ...]
+    # symbols of the expressions that no inner tensor gives (an input's own outer symbol:
+    # fine, inputs are never rebuilt at run time; refused for outputs and gradients)
+    unbound: tuple[str, ...] = ()
+
+
 @dataclass(frozen=True, eq=False)
 class SubclassCreationMeta:
     """How to rebuild one traceable wrapper subclass from the plain graph values.
@@ -103,14 +129,18 @@ class SubclassCreationMeta:
     arg_count: int
     # one entry per attribute named by ``__tensor_flatten__``, in its order
     attrs: Mapping[str, SubclassOrPlainMeta | OpaqueMeta]
-    # the outer size and stride passed to ``__tensor_unflatten__``
-    outer_size: tuple[int, ...]
-    outer_stride: tuple[int, ...]
+    # the outer size and stride passed to ``__tensor_unflatten__`` (SymInts under dynamic
+    # shapes: See Note [Symbolic outer sizes of subclasses])
+    outer_size: tuple[Any, ...]
+    outer_stride: tuple[Any, ...]
     # the context ``__tensor_flatten__`` returned
     meta: Any
     original_subclass_type: type
     # whether the traced value required grad (rebuilt trace-time values mirror it)
     requires_grad: bool = False
+    # how to compute the outer size and stride at run time when they are symbolic; None
+    # when they are ints (See Note [Symbolic outer sizes of subclasses])
+    symbolic_outer: SymbolicOuter | None = None
 
     def __post_init__(self) -> None:
         assert self.arg_count == sum(m.arg_count for m in self.attrs.values()), (
