@@ -49,8 +49,9 @@
 #     ``__coerce_same_metadata_as_tangent__`` or the backward raises torch's error; the
 #     plain zeros autograd passes for an unused subclass output become a zero subclass of
 #     the traced form.
-#   * Limits. Outer sizes and strides are static ints: a subclass with symbolic sizes
-#     (``dynamic=True``) raises NotImplementedError. The export entry points
+#   * Limits. A subclass *input* with symbolic sizes (``dynamic=True``) raises
+#     NotImplementedError; subclasses the function creates may have symbolic sizes (See
+#     Note [Symbolic outer sizes of subclasses]). The export entry points
 #     (``aot_export_module``, ``aot_export_joint_simple``) raise torch 2.15's "not
 #     currently supported with traceable tensor subclass" for a subclass parameter or
 #     input.
