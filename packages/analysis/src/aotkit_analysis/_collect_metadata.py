@@ -199,13 +199,6 @@ def collect_metadata(
             input_alias_info(a, fa, keep_input_mutations=keep_input_mutations)
             for a, fa in zip(flat_args, f_args, strict=True)
         ]
-        for a, info in zip(flat_args, input_info, strict=True):
-            if info.mutates_metadata and is_traceable_wrapper_subclass(a):
-                # the epilogue cannot replay a metadata change onto a wrapper subclass's
-                # inner tensors (torch's error, pytorch#114975)
-                raise RuntimeError(
-                    "Metadata mutations are currently not allowed on tensor subclasses"
-                )
         output_info, intermediate_bases = _classify_outputs(f_args, f_outs)
         output_info = _with_view_chains(output_info, f_outs, input_info)
 

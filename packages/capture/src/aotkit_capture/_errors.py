@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
+    UnsupportedOperatorException,
 )
 
 DATA_DEPENDENT_MESSAGE = (
@@ -26,6 +27,14 @@ DYNAMIC_OUTPUT_MESSAGE = (
     "aotkit cannot compile an operator whose output shape depends on tensor values "
     "(operator {op}, e.g. nonzero, unique, boolean-mask indexing). Remedy: use a "
     "fixed-shape formulation (torch.where, masked ops) or run that part eagerly."
+)
+
+MISSING_FAKE_KERNEL_MESSAGE = (
+    "aotkit traces with fake tensors, and operator {op} has no fake (meta) kernel to say "
+    "what it returns without running it. Remedy: register one, e.g. "
+    "`torch.library.register_fake(\"{name}\")` on a function returning empty tensors of "
+    "the outputs' shapes and dtypes (or `lib.impl(..., \"Meta\")`), or use "
+    "`torch.library.custom_op` with `register_fake`."
 )
 
 
@@ -63,6 +72,10 @@ class DynamicOutputShapeError(_TorchTypedCompileError, DynamicOutputShapeExcepti
     """An op's output shape depends on tensor values (``nonzero``, masks)."""
 
 
+class MissingFakeKernelError(_TorchTypedCompileError, UnsupportedOperatorException):
+    """An operator (typically a custom op) has no fake/meta kernel to trace with."""
+
+
 @functools.cache
 def data_dependent_guard_error() -> type[AOTCompileError]:
     """``DataDependentGuardError``: a branch on a data-dependent symbolic value.
@@ -95,6 +108,12 @@ def explain_tracing_errors() -> Iterator[None]:
         raise DataDependentError(DATA_DEPENDENT_MESSAGE.format(op=e.func), e.func) from e
     except DynamicOutputShapeException as e:
         raise DynamicOutputShapeError(DYNAMIC_OUTPUT_MESSAGE.format(op=e.func), e.func) from e
+    except UnsupportedOperatorException as e:
+        name = getattr(e.func, "_schema", None)
+        text = MISSING_FAKE_KERNEL_MESSAGE.format(
+            op=e.func, name=name.name if name is not None else e.func
+        )
+        raise MissingFakeKernelError(text, e.func) from e
     except NotImplementedError as e:
         from ._hops import unsupported_hop_error  # _hops imports this module
 

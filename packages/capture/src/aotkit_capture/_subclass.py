@@ -19,6 +19,7 @@ from typing import Any
 
 from aotkit_runtime import (
     ZeroTangent,
+    check_rebuildable,
     create_subclass_metas,
     is_subclass,
     rebuild,
@@ -53,8 +54,10 @@ class SubclassLayer:
 
     @staticmethod
     def build(fake_args: Sequence[Any], meta: ViewAndMutationMeta) -> SubclassLayer:
+        inp_metas = create_subclass_metas(fake_args)
+        _check_static_input_outers(inp_metas)
         return SubclassLayer(
-            inp_metas=create_subclass_metas(fake_args),
+            inp_metas=inp_metas,
             tangent_metas=create_subclass_metas(meta.traced_tangents),
             num_forward_returns=meta.num_forward_returns,
         )
@@ -91,10 +94,13 @@ class SubclassLayer:
 
     def _flatten_returns(self, returns: Sequence[Any]) -> list[Any]:
         self.fw_out_metas = create_subclass_metas(returns)
+        # See Note [Symbolic outer sizes of subclasses] in aotkit_schemas
+        check_rebuildable(self.fw_out_metas, "forward outputs")
         return unwrap_subclasses(returns)
 
     def _flatten_grads(self, grads: Sequence[Any]) -> list[Any]:
         self.grad_metas = create_subclass_metas(grads)
+        check_rebuildable(self.grad_metas, "gradients")
         return unwrap_subclasses(grads)
 
     def desugar_forward(
@@ -133,6 +139,22 @@ class SubclassLayer:
             return [*returns, *grads]
 
         return desugared, unwrap_subclasses(primals), unwrap_subclasses(tangents)
+
+
+def _check_static_input_outers(metas: Sequence[Any]) -> None:
+    """A subclass input whose outer shape has symbols of its own (fakification gives the
+    outer and the inner sizes separate symbols) would need them as graph inputs, as torch
+    passes them; aotkit does not yet. See Note [Symbolic outer sizes of subclasses] in
+    aotkit_schemas."""
+    for m in metas:
+        if isinstance(m, SubclassCreationMeta) and m.symbolic_outer is not None:
+            raise NotImplementedError(
+                f"aotkit: the tensor subclass input {m.original_subclass_type.__name__} has "
+                f"symbolic sizes or strides ({m.outer_size}, {m.outer_stride}); aotkit "
+                "desugars subclass inputs with static outer shapes only (subclasses the "
+                "function creates may be dynamic). Compile with dynamic=False (or mark the "
+                "subclass's dimensions static)."
+            )
 
 
 def check_layer_applies(meta: ViewAndMutationMeta, layer: SubclassLayer) -> None:

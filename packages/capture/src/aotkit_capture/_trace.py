@@ -431,8 +431,23 @@ def _trace_joint(
 # one of those outputs, so the error appears exactly when eager's would, and after the
 # gradients autograd accumulates before reaching a node (``return y, leaf``: the leaf's
 # ``.grad`` is set, then backward raises, as in eager).
+#
+# The same holds for every error a backward node raises when autograd reaches it and only
+# then, which the joint would otherwise raise at the call: a custom op registered without
+# an autograd formula (``torch.library.custom_op`` with no ``register_autograd``: the
+# forward runs, and eager's "Trying to backward through ... but no autograd formula was
+# registered" comes at backward, and only through outputs computed from the op).
 STALE_TANGENTS_KEY = "aotkit_stale_tangents"
-_STALE_SAVE_ERROR = "modified by an inplace operation"
+_RAISED_WHEN_REACHED = (
+    "modified by an inplace operation",
+    "but no autograd formula was registered",
+)
+
+
+def _raised_when_reached(e: RuntimeError) -> bool:
+    """Whether eager raises ``e`` only when a backward reaches the node that raised it."""
+    text = str(e)
+    return any(marker in text for marker in _RAISED_WHEN_REACHED)
 
 
 def primal_grads(
@@ -473,7 +488,7 @@ def _input_grads(
             )
         ), {}
     except RuntimeError as e:
-        if _STALE_SAVE_ERROR not in str(e):
+        if not _raised_when_reached(e):
             raise
     totals: list[Any] = [None] * len(inputs)
     failed: dict[int, str] = {}
@@ -483,7 +498,7 @@ def _input_grads(
                 [out], list(inputs), grad_outputs=[tangent], allow_unused=True, retain_graph=True
             )
         except RuntimeError as e:
-            if _STALE_SAVE_ERROR not in str(e):
+            if not _raised_when_reached(e):
                 raise
             failed[k] = str(e)
             continue

@@ -9,6 +9,7 @@ from ._effects import forward_with_tokens as forward_with_tokens
 from ._epilogue import make_epilogue as make_epilogue
 from ._epilogue import needs_epilogue as needs_epilogue
 from ._subclass import ZeroTangent as ZeroTangent
+from ._subclass import check_rebuildable as check_rebuildable
 from ._subclass import create_subclass_metas as create_subclass_metas
 from ._subclass import is_subclass as is_subclass
 from ._subclass import make_unwrapper as make_unwrapper
@@ -25,6 +26,7 @@ __all__ = [
     "ZeroTangent",
     "as_list_caller",
     "backward_with_tokens",
+    "check_rebuildable",
     "create_subclass_metas",
     "forward_with_tokens",
     "is_subclass",

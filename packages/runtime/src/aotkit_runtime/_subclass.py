@@ -13,7 +13,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from aotkit_schemas import OpaqueMeta, PlainTensorMeta, SubclassCreationMeta, SubclassOrPlainMeta
+from aotkit_schemas import (
+    OpaqueMeta,
+    PlainTensorMeta,
+    SubclassCreationMeta,
+    SubclassOrPlainMeta,
+    SymbolicOuter,
+)
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._call import as_list_caller
@@ -53,12 +59,9 @@ def _meta_of(value: Any, start: int) -> SubclassOrPlainMeta:
         inner[name] = m
         idx += m.arg_count
     size, stride = tuple(value.shape), tuple(value.stride())
+    symbolic = None
     if not all(type(d) is int for d in (*size, *stride)):
-        raise NotImplementedError(
-            f"aotkit: the tensor subclass {type(value).__name__} has symbolic sizes or "
-            "strides; aotkit desugars subclasses with static outer shapes only. Compile "
-            "with dynamic=False (or mark the subclass's dimensions static)."
-        )
+        symbolic = _symbolic_outer(value, size, stride)
     return SubclassCreationMeta(
         flat_tensor_start_idx=start,
         arg_count=idx - start,
@@ -68,7 +71,79 @@ def _meta_of(value: Any, start: int) -> SubclassOrPlainMeta:
         meta=ctx,
         original_subclass_type=type(value),
         requires_grad=value.requires_grad,
+        symbolic_outer=symbolic,
     )
+
+
+def _symbolic_outer(value: Any, size: tuple[Any, ...], stride: tuple[Any, ...]) -> SymbolicOuter:
+    """See Note [Symbolic outer sizes of subclasses] in aotkit_schemas."""
+    import sympy
+
+    bindings: dict[Any, tuple[Any, int, bool, int]] = {}
+    for pos, inner in enumerate(unwrap_subclasses([value])):
+        if not isinstance(inner, torch.Tensor):
+            continue
+        for is_stride, dims in ((False, inner.shape), (True, inner.stride())):
+            for d, v in enumerate(dims):
+                if isinstance(v, torch.SymInt) and isinstance(v.node.expr, sympy.Symbol):
+                    bindings.setdefault(v.node.expr, (v.node.expr, pos, is_stride, d))
+
+    unbound: set[Any] = set()
+
+    def expr(v: Any) -> Any:
+        if not isinstance(v, torch.SymInt):
+            return int(v)
+        e = v.node.expr
+        unbound.update(e.free_symbols - set(bindings))
+        return e
+
+    size_exprs = tuple(expr(v) for v in size)
+    stride_exprs = tuple(expr(v) for v in stride)
+    return SymbolicOuter(
+        bindings=tuple(bindings.values()),
+        size_exprs=size_exprs,
+        stride_exprs=stride_exprs,
+        unbound=tuple(sorted(map(str, unbound))),
+    )
+
+
+def check_rebuildable(metas: Sequence[SubclassOrPlainMeta | OpaqueMeta], what: str) -> None:
+    """Raise if a subclass that is rebuilt at run time (``what``: forward outputs,
+    gradients) has an outer shape its inner tensors do not determine. See Note [Symbolic
+    outer sizes of subclasses] in aotkit_schemas."""
+    for m in metas:
+        if not isinstance(m, SubclassCreationMeta):
+            continue
+        check_rebuildable(list(m.attrs.values()), what)
+        if m.symbolic_outer is not None and m.symbolic_outer.unbound:
+            raise NotImplementedError(
+                f"aotkit: one of the {what} is a tensor subclass "
+                f"({m.original_subclass_type.__name__}) whose symbolic outer size or stride "
+                f"({m.outer_size}, {m.outer_stride}) uses symbols "
+                f"({', '.join(m.symbolic_outer.unbound)}) that none of its inner tensors' "
+                "sizes or strides gives, so it can't be rebuilt at run time. Compile with "
+                "dynamic=False (or mark those dimensions static)."
+            )
+
+
+def _concrete_outer(meta: SubclassCreationMeta, inner: Sequence[Any]) -> tuple[Any, Any]:
+    """The outer size and stride for run-time inner tensors ``inner`` (the subclass's graph
+    values, in order); the traced ones when they are ints or the values are symbolic."""
+    sym = meta.symbolic_outer
+    if sym is None:
+        return meta.outer_size, meta.outer_stride
+    env: dict[Any, int] = {}
+    for symbol, pos, is_stride, d in sym.bindings:
+        t = inner[pos]
+        v = t.stride(d) if is_stride else t.size(d)
+        if not isinstance(v, int):
+            return meta.outer_size, meta.outer_stride  # tracing: keep the SymInts
+        env[symbol] = v
+
+    def ev(e: Any) -> int:
+        return e if isinstance(e, int) else int(e.xreplace(env))
+
+    return tuple(ev(e) for e in sym.size_exprs), tuple(ev(e) for e in sym.stride_exprs)
 
 
 def unwrap_subclasses(values: Sequence[Any]) -> list[Any]:
@@ -134,7 +209,11 @@ def rebuild(
         return meta.value
     inner = {name: rebuild(m, flat, mirror_grad=mirror_grad) for name, m in meta.attrs.items()}
     cls: Any = meta.original_subclass_type
-    value = cls.__tensor_unflatten__(inner, meta.meta, meta.outer_size, meta.outer_stride)
+    size, stride = meta.outer_size, meta.outer_stride
+    if meta.symbolic_outer is not None:
+        start = meta.flat_tensor_start_idx
+        size, stride = _concrete_outer(meta, flat[start : start + meta.arg_count])
+    value = cls.__tensor_unflatten__(inner, meta.meta, size, stride)
     if mirror_grad and meta.requires_grad and not value.requires_grad:
         value.requires_grad_(True)
     return value
@@ -159,7 +238,8 @@ def zero_tangent_maker(traced: Any, meta: SubclassOrPlainMeta) -> ZeroTangent | 
     """For a subclass tangent traced as ``traced`` (static shapes), a function making the
     zero tangent of that form: autograd materializes the gradient of an unused subclass
     output of a custom Function as a plain zero tensor, which has no inner tensors."""
-    if not isinstance(meta, SubclassCreationMeta):
+    if not isinstance(meta, SubclassCreationMeta) or meta.symbolic_outer is not None:
+        # symbolic shapes: the zeros' shapes are unknown here (the tangent is coerced)
         return None
     like = [(t.shape, t.dtype, t.device) for t in unwrap_subclasses([traced])]
 
@@ -190,6 +270,7 @@ def _create_like(meta: SubclassOrPlainMeta | OpaqueMeta, offset: int) -> Any:
         meta=meta.meta,
         original_subclass_type=meta.original_subclass_type,
         requires_grad=meta.requires_grad,
+        symbolic_outer=meta.symbolic_outer,
     )
 
 

@@ -56,6 +56,7 @@ from ._subclass_meta import OpaqueMeta as OpaqueMeta
 from ._subclass_meta import PlainTensorMeta as PlainTensorMeta
 from ._subclass_meta import SubclassCreationMeta as SubclassCreationMeta
 from ._subclass_meta import SubclassOrPlainMeta as SubclassOrPlainMeta
+from ._subclass_meta import SymbolicOuter as SymbolicOuter
 from ._subclass_meta import has_subclass as has_subclass
 from ._subclass_meta import num_unwrapped as num_unwrapped
 from ._view_and_mutation_meta import ViewAndMutationMeta as ViewAndMutationMeta
@@ -94,6 +95,7 @@ __all__ = [
     "PartitionResult",
     "PlainTensorMeta",
     "SubclassCreationMeta",
+    "SymbolicOuter",
     "SubclassOrPlainMeta",
     "Partitioner",
     "RUNTIME_MUTATED_INPUT_KEY",
