@@ -172,7 +172,9 @@ def test_two_processes_compiling_at_once_leave_valid_entries(tmp_path: Path) -> 
     _same(results[0], results[1])
     assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".tmp")]
     entries = _entries(tmp_path)
-    assert len(entries) == results[0]["counters"]["store"]
+    # each process stored every entry or (when the other was faster) found it
+    for r in results:
+        assert r["counters"].get("store", 0) + r["counters"].get("hit", 0) == len(entries) >= 1
     for p in entries:  # each a complete, checksummed document
         doc = json.loads(p.read_text())
         assert hashlib.sha256(doc["payload"].encode()).hexdigest() == doc["sha256"]
