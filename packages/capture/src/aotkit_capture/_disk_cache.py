@@ -72,7 +72,7 @@ from aotkit_schemas import (
     dtype_name,
 )
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.fx._lazy_graph_module import _make_graph_module
+from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
 from ._disk_cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
 
@@ -322,11 +322,13 @@ def _val_from_json(d: Any, fake_mode: FakeTensorMode) -> Any:
         spec = TensorSpec.from_json(d["T"])
         if not spec.is_static:
             raise CacheFormatError("symbolic sizes in a cached graph")
-        with fake_mode:
-            t = torch.empty_strided(
-                [int(s) for s in spec.shape], [int(s) for s in spec.stride],
-                dtype=spec.dtype, device=spec.device,
-            )
+        # straight from a meta tensor: no dispatch through the fake mode (the first fake
+        # dispatch of a process costs tens of milliseconds)
+        meta = torch.empty_strided(
+            [int(s) for s in spec.shape], [int(s) for s in spec.stride],
+            dtype=spec.dtype, device="meta",
+        )
+        t = fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, spec.device)
         if d.get("rg") is True:
             t.requires_grad_(True)
         return t
@@ -393,4 +395,6 @@ def graph_from_json(d: Any, fake_mode: FakeTensorMode) -> torch.fx.GraphModule:
         graph.lint()
     except Exception as e:  # fx raises RuntimeError and others for malformed graphs
         raise CacheFormatError(f"cached graph does not lint: {e}") from e
-    return _make_graph_module(torch.nn.Module(), graph)
+    # lazy: FX code is generated on first use (nop reads only the graph)
+    with _use_lazy_graph_module(True):
+        return _make_graph_module(torch.nn.Module(), graph)

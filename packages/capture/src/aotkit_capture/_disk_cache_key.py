@@ -91,7 +91,9 @@ def ambient_state_key() -> tuple[Any, ...]:
 
 @functools.cache
 def aotkit_source_hash() -> str:
-    """A hash of every aotkit package's Python sources."""
+    """A hash of every aotkit package's Python sources: each file's path, size and
+    modification time (a development checkout changes without a version bump; reading
+    every file would cost a warm start tens of milliseconds)."""
     h = hashlib.sha256()
     for name in _AOTKIT_PACKAGES:
         spec = importlib.util.find_spec(name)
@@ -100,8 +102,8 @@ def aotkit_source_hash() -> str:
             continue
         root = pathlib.Path(next(iter(spec.submodule_search_locations)))
         for path in sorted(root.rglob("*.py")):
-            h.update(str(path.relative_to(root)).encode())
-            h.update(path.read_bytes())
+            st = path.stat()
+            h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}".encode())
     return h.hexdigest()
 
 
