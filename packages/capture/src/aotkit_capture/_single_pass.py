@@ -35,16 +35,6 @@
 #     output or shares another tensor's storage;
 #   * grad mode changed, no output requiring grad (an inference program), no input that
 #     requires grad.
-
-# Note [make_fx's torch-function metadata mode]
-# By default make_fx pushes a TorchFunctionMode (``TorchFunctionMetadataMode``) that sees
-# every torch-level call of the traced function (each one a Python frame behind dynamo's
-# ``disable`` wrapper): about 1,800 calls in one BERT joint, some 5% of the trace. It does
-# two things: it records the call for ``node.meta["torch_fn"]``, which only the tracer
-# that records module stacks (``record_module_stack=True``, export) writes, and it turns
-# ``aten.size.default`` on a tensor with symbolic sizes into ``sym_size``. The single
-# pass uses neither (plain tracer, static shapes only: See Note [Why a graph took the
-# path it took]), so it traces without the mode; the graphs are identical.
 """
 
 from __future__ import annotations
@@ -373,12 +363,7 @@ def trace_single_pass(
     primals = list(fake_args)
     try:
         with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
-            # See Note [make_fx's torch-function metadata mode]
-            gm = make_fx(
-                keyed_rng(joint),
-                decomposition_table=decompositions,
-                _disable_torch_fn_metadata_mode=True,
-            )(primals)
+            gm = make_fx(keyed_rng(joint), decomposition_table=decompositions)(primals)
     finally:
         # a function that switched grad mode off and was abandoned must not leave it off
         torch.set_grad_enabled(True)
