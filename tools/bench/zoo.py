@@ -551,6 +551,9 @@ class PairResult:
     steady: dict[str, list[float]] = field(default_factory=dict)
     saved: dict[str, int] = field(default_factory=dict)
     path: str = "n/a"
+    # load average (1 min) when the model's measurements started: other processes on the
+    # machine skew the ratios less than the times, but a busy machine is worth knowing
+    load: float = float("nan")
     errors: list[str] = field(default_factory=list)
     profile: str = ""
 
@@ -575,6 +578,8 @@ def bench_pair(
 ) -> PairResult:
     ours, theirs = PAIRS[pair]
     res = PairResult(name, pair, ours, theirs)
+    if hasattr(os, "getloadavg"):
+        res.load = os.getloadavg()[0]
     # correctness (also the untimed first compile of each contender)
     progress(f"[{name}/{pair}] correctness")
     torch._dynamo.reset()
@@ -674,6 +679,45 @@ def summary(r: PairResult) -> str:
     )
 
 
+def targets_of(results: Sequence[PairResult]) -> list[tuple[str, float, float]]:
+    """(label, value, threshold) of every issue-18 target the results measure."""
+    targets: list[tuple[str, float, float]] = []
+    for r in results:
+        o, t = r.ours, r.theirs
+        if not r.first:
+            continue
+        if r.pair == "eager":
+            targets.append((f"{r.model} eager: AOT layer ours/theirs", r.ratio(r.aot, o, t), 0.5))
+            targets.append((f"{r.model} eager: first step ours/theirs", r.ratio(r.first, o, t), 1.0))
+        else:
+            targets.append((f"{r.model} inductor: first step ours/theirs", r.ratio(r.first, o, t), 0.9))
+            targets.append((f"{r.model} inductor: steady step ours/theirs", r.ratio(r.steady, o, t), 1.02))
+        so, st = r.saved.get(o), r.saved.get(t)
+        if so is not None and st:
+            targets.append((f"{r.model} {r.pair}: saved bytes ours/theirs", so / st, 1.0))
+        elif so is not None and st == 0:
+            targets.append((f"{r.model} {r.pair}: saved bytes ours-theirs (MB)", so / 2**20, 0.0))
+    return targets
+
+
+def write_json(path: str, s: Settings, results: Sequence[PairResult]) -> None:
+    """Every measurement so far (written after each model, so an interrupted run keeps
+    what it measured)."""
+    with open(path, "w") as f:
+        json.dump(
+            {
+                "torch": torch.__version__,
+                "settings": s.__dict__,
+                "results": [{k: v for k, v in r.__dict__.items() if k != "profile"} for r in results],
+                "targets": [
+                    {"label": lbl, "value": v, "threshold": th} for lbl, v, th in targets_of(results)
+                ],
+            },
+            f,
+            indent=1,
+        )
+
+
 def report(results: list[PairResult]) -> list[tuple[str, float, float]]:
     rows = []
     for r in results:
@@ -700,20 +744,7 @@ def report(results: list[PairResult]) -> list[tuple[str, float, float]]:
     for r in results:
         if r.pair == "eager" or all(x.model != r.model or x.pair == r.pair for x in results):
             print(f"{r.model:16} {r.path}")
-    targets: list[tuple[str, float, float]] = []
-    for r in results:
-        o, t = r.ours, r.theirs
-        if not r.first:
-            continue
-        if r.pair == "eager":
-            targets.append((f"{r.model} eager: AOT layer ours/theirs", r.ratio(r.aot, o, t), 0.5))
-            targets.append((f"{r.model} eager: first step ours/theirs", r.ratio(r.first, o, t), 1.0))
-        else:
-            targets.append((f"{r.model} inductor: first step ours/theirs", r.ratio(r.first, o, t), 0.9))
-            targets.append((f"{r.model} inductor: steady step ours/theirs", r.ratio(r.steady, o, t), 1.02))
-            so, st = r.saved.get(o), r.saved.get(t)
-            if so is not None and st:
-                targets.append((f"{r.model} inductor: saved bytes ours/theirs", so / st, 1.0))
+    targets = targets_of(results)
     print("\n== targets ==")
     width = max((len(x[0]) for x in targets), default=0)
     for label, value, threshold in targets:
@@ -771,22 +802,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             r = bench_pair(name, pair, backends, s, progress, args.top if args.profile else 0)
             results.append(r)
             progress(f"[{name}/{pair}] {summary(r)}")
+            if args.json:
+                write_json(args.json, s, results)
             if r.profile:
                 print(f"\n== profile: {name}, {r.ours}, AOT layer of one first step ==")
                 print(r.profile)
-    targets = report(results)
+    report(results)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "torch": torch.__version__,
-                    "settings": s.__dict__,
-                    "results": [{k: v for k, v in r.__dict__.items() if k != "profile"} for r in results],
-                    "targets": [{"label": lbl, "value": v, "threshold": th} for lbl, v, th in targets],
-                },
-                f,
-                indent=1,
-            )
+        write_json(args.json, s, results)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
     return 0
 

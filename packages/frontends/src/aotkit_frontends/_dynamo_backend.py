@@ -5,7 +5,9 @@ way ``torch._dynamo.backends.common.aot_autograd`` does. ``register_dynamo_backe
 registers the two aotkit backends under names usable as ``torch.compile(backend=...)``:
 
 * ``aotkit_eager``: the nop compiler for the forward and backward graphs (checks aotkit's
-  tracing, partitioning and runtime without any code generation);
+  tracing, partitioning and runtime without any code generation) and aotkit's min-cut
+  rematerialization partitioner, as torch's ``aot_eager`` pairs ``boxed_nop`` with its
+  min-cut partitioner (so both save the same kind of activations for the backward);
 * ``aotkit_inductor``: TorchInductor's ``compile_fx_inner`` for both graphs, Inductor's
   decomposition table, and aotkit's min-cut rematerialization partitioner.
 
@@ -49,7 +51,7 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_backends import make_inductor_compiler, nop
-from aotkit_partitioners import default_partition, min_cut_rematerialization_partition
+from aotkit_partitioners import min_cut_rematerialization_partition
 from aotkit_schemas import mark_cache_key
 from torch._decomp import get_decompositions
 from torch.utils._python_dispatch import _disable_current_modes
@@ -285,7 +287,7 @@ aotkit_eager = AotAutograd(
     disk_cache=True,
     fw_compiler=nop,
     bw_compiler=nop,
-    partition_fn=default_partition,
+    partition_fn=min_cut_rematerialization_partition,
     keep_inference_input_mutations=True,
 )
 aotkit_inductor = AotAutograd(
