@@ -147,3 +147,22 @@ def test_out_argument_returning_its_written_input() -> None:
     _same_graphs(ours, theirs)
     a, b = torch.ones(2, 3), torch.zeros(2, 3)
     assert aotkit.aot_function(f, aotkit.nop, keep_inference_input_mutations=True)(a, b) is b
+
+
+class _SizedByItsOwnData(torch.nn.Module):
+    """A size read from a tensor's value (``.item()``): an unbacked symbol when traced."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        n = (x > 0).sum().item()
+        return (torch.zeros(n) + 2,)
+
+
+def test_export_of_a_data_dependent_size_matches_torch() -> None:
+    import torch._functorch.aot_autograd as torch_aot
+
+    x = torch.tensor([1.0, -2.0, 3.0, 4.0])
+    ours, _ = aotkit.aot_export_module(_SizedByItsOwnData(), [x], trace_joint=False, dynamic_shapes=True)
+    theirs, _ = torch_aot.aot_export_module(_SizedByItsOwnData(), [x], trace_joint=False, dynamic_shapes=True)
+    assert ours.code.strip() == theirs.code.strip()
+    y = torch.tensor([5.0, 6.0, -1.0, 2.0, 9.0])
+    torch.testing.assert_close(ours(y)[0], _SizedByItsOwnData()(y)[0])
