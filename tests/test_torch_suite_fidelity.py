@@ -166,3 +166,66 @@ def test_export_of_a_data_dependent_size_matches_torch() -> None:
     assert ours.code.strip() == theirs.code.strip()
     y = torch.tensor([5.0, 6.0, -1.0, 2.0, 9.0])
     torch.testing.assert_close(ours(y)[0], _SizedByItsOwnData()(y)[0])
+
+
+def test_inductor_backend_compiles_random_ops() -> None:
+    # Inductor lowers random ops only after its joint-graph pass rewrote them into its
+    # seeded ops; aotkit_inductor runs that pass on the graphs it hands over.
+    import pytest
+    from aotkit_backends import inductor_available
+
+    if not inductor_available():
+        pytest.skip("no working Inductor toolchain")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.rrelu(x, lower=0.125, upper=0.25, training=True)
+
+    torch._dynamo.reset()
+    x = -torch.rand(64) - 0.5
+    for backend in ("aotkit_inductor", "inductor"):
+        xi = x.clone().requires_grad_()
+        y = torch.compile(f, backend=backend, fullgraph=True)(xi)
+        slope = y.detach() / x
+        # eager's contract: a random slope in [lower, upper] for each negative element
+        assert bool(((slope >= 0.125) & (slope <= 0.25)).all())
+        y.sum().backward()
+        assert xi.grad is not None
+        torch.testing.assert_close(xi.grad, slope)
+    torch._dynamo.reset()
+
+
+def _tangent_mismatch_error(api: Any, make_grad: Callable[[torch.Tensor], torch.Tensor]) -> str:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() * 2
+
+    x = TwoTensor(torch.rand(3, requires_grad=True), torch.rand(3, requires_grad=True))
+    out = api.aot_function(f, api.nop)(x)
+    try:
+        out.backward(make_grad(out))
+    except RuntimeError as e:
+        return str(e)
+    return ""
+
+
+def test_a_tangent_nested_deeper_than_traced_raises_like_torch() -> None:
+    # The backward was traced for TwoTensor(Tensor, Tensor) tangents. A tangent that is a
+    # TwoTensor of TwoTensors has the same outer type and flatten context, but feeding it
+    # to that backward is not what was compiled: both raise torch's error.
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def nested(o: torch.Tensor) -> torch.Tensor:
+        ones = torch.ones(3)
+        return TwoTensor(TwoTensor(ones, ones), TwoTensor(ones, ones))
+
+    for api in (aotkit, torch_compile):
+        msg = _tangent_mismatch_error(api, nested)
+        assert "we guessed its\nmetadata incorrectly." in msg, (api.__name__, msg)
+
+
+def test_a_plain_tangent_for_a_subclass_output_raises_like_torch() -> None:
+    for api in (aotkit, torch_compile):
+        msg = _tangent_mismatch_error(api, lambda o: torch.ones(3))
+        assert "we guessed its\nmetadata incorrectly." in msg, (api.__name__, msg)
+    assert ".detach()" in _tangent_mismatch_error(aotkit, lambda o: torch.ones(3))
