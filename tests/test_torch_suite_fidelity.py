@@ -229,3 +229,44 @@ def test_a_plain_tangent_for_a_subclass_output_raises_like_torch() -> None:
         msg = _tangent_mismatch_error(api, lambda o: torch.ones(3))
         assert "we guessed its\nmetadata incorrectly." in msg, (api.__name__, msg)
     assert ".detach()" in _tangent_mismatch_error(aotkit, lambda o: torch.ones(3))
+
+
+class _CountingBuffer(torch.autograd.Function):
+    """Adds one to a buffer in the forward and again in the backward (a step counter)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        buf.add_(1)
+        ctx.buf = buf
+        return x * 3
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        ctx.buf.add_(1)
+        return grad * 3, None
+
+
+def test_subclass_buffer_written_in_forward_and_backward() -> None:
+    # Both inner tensors of a TwoTensor buffer get the forward's write at the forward and
+    # the backward's at the backward: the backward's write to each inner tensor stays in
+    # the backward graph (See Note [Data mutations in the backward]).
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def f(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        return _CountingBuffer.apply(x, buf)
+
+    def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+        x = TwoTensor(torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True))
+        return x, TwoTensor(torch.zeros(2), torch.full((2,), 10.0))
+
+    states = []
+    for api in (None, aotkit, torch_compile):
+        x, buf = inputs()
+        fn = f if api is None else api.aot_function(f, api.nop, keep_inference_input_mutations=True)
+        out = fn(x, buf)
+        after_forward = (buf.a.clone(), buf.b.clone())
+        out.sum().backward()
+        states.append((after_forward, (buf.a.clone(), buf.b.clone()), x.grad.a.clone()))
+    for got in states[1:]:
+        for g, r in zip(got[0] + got[1] + (got[2],), states[0][0] + states[0][1] + (states[0][2],), strict=True):
+            torch.testing.assert_close(g, r)
