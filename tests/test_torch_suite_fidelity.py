@@ -270,3 +270,29 @@ def test_subclass_buffer_written_in_forward_and_backward() -> None:
     for got in states[1:]:
         for g, r in zip(got[0] + got[1] + (got[2],), states[0][0] + states[0][1] + (states[0][2],), strict=True):
             torch.testing.assert_close(g, r)
+
+
+def test_min_cut_saves_the_input_over_pointwise_values_and_raises_getitems() -> None:
+    # Saving x (4x4) or the two 2x4 pointwise values the backward reads costs the same
+    # bytes; the input is written to memory anyway, the pointwise values would not be (See
+    # Note [Saving values the forward materializes anyway]). Both compilers save x and
+    # unpack the chunk right after it is recomputed.
+    def f(x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.chunk(x, 2, dim=1)
+        return a.sin() * b.cos()
+
+    def inputs() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        x = torch.linspace(-1, 1, 16).reshape(4, 4).requires_grad_()
+        return [x], [x]
+
+    graphs = []
+    for api in (aotkit, torch_compile):
+        cells: dict[str, list[torch.fx.GraphModule]] = {}
+        api.aot_function(
+            f, **_capture(api, cells), partition_fn=api.min_cut_rematerialization_partition
+        )(*inputs()[1]).sum().backward()
+        graphs.append(cells)
+    _same_graphs(graphs[0], graphs[1])
+    fw = graphs[0]["fw"][0]
+    assert [n.name for n in fw.graph.find_nodes(op="output")[0].args[0]][1:] == ["primals_1"]
+    _run_three_ways(f, inputs)
