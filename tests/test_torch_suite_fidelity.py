@@ -147,3 +147,152 @@ def test_out_argument_returning_its_written_input() -> None:
     _same_graphs(ours, theirs)
     a, b = torch.ones(2, 3), torch.zeros(2, 3)
     assert aotkit.aot_function(f, aotkit.nop, keep_inference_input_mutations=True)(a, b) is b
+
+
+class _SizedByItsOwnData(torch.nn.Module):
+    """A size read from a tensor's value (``.item()``): an unbacked symbol when traced."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        n = (x > 0).sum().item()
+        return (torch.zeros(n) + 2,)
+
+
+def test_export_of_a_data_dependent_size_matches_torch() -> None:
+    import torch._functorch.aot_autograd as torch_aot
+
+    x = torch.tensor([1.0, -2.0, 3.0, 4.0])
+    ours, _ = aotkit.aot_export_module(_SizedByItsOwnData(), [x], trace_joint=False, dynamic_shapes=True)
+    theirs, _ = torch_aot.aot_export_module(_SizedByItsOwnData(), [x], trace_joint=False, dynamic_shapes=True)
+    assert ours.code.strip() == theirs.code.strip()
+    y = torch.tensor([5.0, 6.0, -1.0, 2.0, 9.0])
+    torch.testing.assert_close(ours(y)[0], _SizedByItsOwnData()(y)[0])
+
+
+def test_inductor_backend_compiles_random_ops() -> None:
+    # Inductor lowers random ops only after its joint-graph pass rewrote them into its
+    # seeded ops; aotkit_inductor runs that pass on the graphs it hands over.
+    import pytest
+    from aotkit_backends import inductor_available
+
+    if not inductor_available():
+        pytest.skip("no working Inductor toolchain")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.rrelu(x, lower=0.125, upper=0.25, training=True)
+
+    torch._dynamo.reset()
+    x = -torch.rand(64) - 0.5
+    for backend in ("aotkit_inductor", "inductor"):
+        xi = x.clone().requires_grad_()
+        y = torch.compile(f, backend=backend, fullgraph=True)(xi)
+        slope = y.detach() / x
+        # eager's contract: a random slope in [lower, upper] for each negative element
+        assert bool(((slope >= 0.125) & (slope <= 0.25)).all())
+        y.sum().backward()
+        assert xi.grad is not None
+        torch.testing.assert_close(xi.grad, slope)
+    torch._dynamo.reset()
+
+
+def _tangent_mismatch_error(api: Any, make_grad: Callable[[torch.Tensor], torch.Tensor]) -> str:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() * 2
+
+    x = TwoTensor(torch.rand(3, requires_grad=True), torch.rand(3, requires_grad=True))
+    out = api.aot_function(f, api.nop)(x)
+    try:
+        out.backward(make_grad(out))
+    except RuntimeError as e:
+        return str(e)
+    return ""
+
+
+def test_a_tangent_nested_deeper_than_traced_raises_like_torch() -> None:
+    # The backward was traced for TwoTensor(Tensor, Tensor) tangents. A tangent that is a
+    # TwoTensor of TwoTensors has the same outer type and flatten context, but feeding it
+    # to that backward is not what was compiled: both raise torch's error.
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def nested(o: torch.Tensor) -> torch.Tensor:
+        ones = torch.ones(3)
+        return TwoTensor(TwoTensor(ones, ones), TwoTensor(ones, ones))
+
+    for api in (aotkit, torch_compile):
+        msg = _tangent_mismatch_error(api, nested)
+        assert "we guessed its\nmetadata incorrectly." in msg, (api.__name__, msg)
+
+
+def test_a_plain_tangent_for_a_subclass_output_raises_like_torch() -> None:
+    for api in (aotkit, torch_compile):
+        msg = _tangent_mismatch_error(api, lambda o: torch.ones(3))
+        assert "we guessed its\nmetadata incorrectly." in msg, (api.__name__, msg)
+    assert ".detach()" in _tangent_mismatch_error(aotkit, lambda o: torch.ones(3))
+
+
+class _CountingBuffer(torch.autograd.Function):
+    """Adds one to a buffer in the forward and again in the backward (a step counter)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        buf.add_(1)
+        ctx.buf = buf
+        return x * 3
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> Any:
+        ctx.buf.add_(1)
+        return grad * 3, None
+
+
+def test_subclass_buffer_written_in_forward_and_backward() -> None:
+    # Both inner tensors of a TwoTensor buffer get the forward's write at the forward and
+    # the backward's at the backward: the backward's write to each inner tensor stays in
+    # the backward graph (See Note [Data mutations in the backward]).
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def f(x: torch.Tensor, buf: torch.Tensor) -> torch.Tensor:
+        return _CountingBuffer.apply(x, buf)
+
+    def inputs() -> tuple[torch.Tensor, torch.Tensor]:
+        x = TwoTensor(torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True))
+        return x, TwoTensor(torch.zeros(2), torch.full((2,), 10.0))
+
+    states = []
+    for api in (None, aotkit, torch_compile):
+        x, buf = inputs()
+        fn = f if api is None else api.aot_function(f, api.nop, keep_inference_input_mutations=True)
+        out = fn(x, buf)
+        after_forward = (buf.a.clone(), buf.b.clone())
+        out.sum().backward()
+        states.append((after_forward, (buf.a.clone(), buf.b.clone()), x.grad.a.clone()))
+    for got in states[1:]:
+        for g, r in zip(got[0] + got[1] + (got[2],), states[0][0] + states[0][1] + (states[0][2],), strict=True):
+            torch.testing.assert_close(g, r)
+
+
+def test_min_cut_saves_the_input_over_pointwise_values_and_raises_getitems() -> None:
+    # Saving x (4x4) or the two 2x4 pointwise values the backward reads costs the same
+    # bytes; the input is written to memory anyway, the pointwise values would not be (See
+    # Note [Saving values the forward materializes anyway]). Both compilers save x and
+    # unpack the chunk right after it is recomputed.
+    def f(x: torch.Tensor) -> torch.Tensor:
+        a, b = torch.chunk(x, 2, dim=1)
+        return a.sin() * b.cos()
+
+    def inputs() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        x = torch.linspace(-1, 1, 16).reshape(4, 4).requires_grad_()
+        return [x], [x]
+
+    graphs = []
+    for api in (aotkit, torch_compile):
+        cells: dict[str, list[torch.fx.GraphModule]] = {}
+        api.aot_function(
+            f, **_capture(api, cells), partition_fn=api.min_cut_rematerialization_partition
+        )(*inputs()[1]).sum().backward()
+        graphs.append(cells)
+    _same_graphs(graphs[0], graphs[1])
+    fw = graphs[0]["fw"][0]
+    assert [n.name for n in fw.graph.find_nodes(op="output")[0].args[0]][1:] == ["primals_1"]
+    _run_three_ways(f, inputs)

@@ -8,6 +8,7 @@ Note [Output aliasing kinds] in aotkit_schemas.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -37,6 +38,7 @@ from aotkit_schemas import (
     OutputType,
     ViewAndMutationMeta,
 )
+from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
@@ -190,7 +192,7 @@ def collect_metadata(
         ]
         # See Note [In-place errors eager raises and functionalization hides]
         checks = EagerInplaceChecks(leaves)
-        with checks:
+        with checks, _unbacked_symbols_left_to_the_trace(flat_args):
             f_outs = list(flat_fn(*f_args))
         grad_after = torch.is_grad_enabled()
         # Everything below stays inside the mode: reading ``grad_fn`` of a view whose base
@@ -252,6 +254,19 @@ def collect_metadata(
         tokens=tokens,
     )
     return meta, fw_outs
+
+
+def _unbacked_symbols_left_to_the_trace(flat_args: Sequence[Any]) -> Any:
+    """A data-dependent size (``x.item()`` fed to a factory) made by this run stays
+    pending in the shape env, and the graph trace that follows would find it there
+    and fail (``PendingUnbackedSymbolNotFound``). The symbols made here are not
+    bound to any graph node, so the shape env is told not to expect them; the trace
+    makes its own."""
+    fake_mode = detect_fake_mode(flat_args)
+    shape_env = getattr(fake_mode, "shape_env", None)
+    if shape_env is None:
+        return contextlib.nullcontext()
+    return shape_env.ignore_fresh_unbacked_symbols()
 
 
 def _native_blocker(checks: EagerInplaceChecks, flat_args: Sequence[Any]) -> str | None:

@@ -238,14 +238,17 @@ def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _rows_interleave(a: torch.Tensor, b: torch.Tensor) -> bool:
     if a.dim() != 2 or b.dim() != 2 or a.numel() == 0 or b.numel() == 0:
         return False
+    geometry = (*a.shape, *a.stride(), a.storage_offset(), *b.shape, *b.stride(), b.storage_offset())
+    if not all(type(v) is int for v in geometry):
+        return False  # symbolic: no guard is added; they may overlap
     s = a.stride(0)
     if b.stride(0) != s or s <= 0 or a.stride(1) != 1 or b.stride(1) != 1:
         return False
     if a.storage_offset() > b.storage_offset():
         a, b = b, a
-    n_a, n_b = a.size(1), b.size(1)
-    d = (b.storage_offset() - a.storage_offset()) % s
-    return n_a <= d and d + n_b <= s
+    n_a, n_b = int(a.size(1)), int(b.size(1))
+    d = int(b.storage_offset() - a.storage_offset()) % int(s)
+    return n_a <= d and d + n_b <= int(s)
 
 
 def compute_input_layout(

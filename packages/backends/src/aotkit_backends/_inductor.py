@@ -146,12 +146,27 @@ def _compile(
         copied = None if retrace else _copy_if_flat(gm)
         if copied is not None:
             try:
+                _inductor_random(copied[0], fake_mode)
                 return _boxed_with_structure(compile_fx_inner(copied[0], fake_inputs), copied[1])
             except Exception as e:  # re-traced below, where a real error raises again
                 _log.debug("Inductor refused the graph as traced (%s); re-tracing it", e)
         flat_gm, out_spec = _retrace_flat(gm, fake_inputs, select_decomp_table())
+        _inductor_random(flat_gm, fake_mode)
         compiled = compile_fx_inner(flat_gm, fake_inputs)
     return _boxed_with_structure(compiled, out_spec)
+
+
+def _inductor_random(gm: torch.fx.GraphModule, fake_mode: FakeTensorMode) -> None:
+    """Rewrite ``aten.rand``-family nodes into Inductor's seeded random ops, the pass
+    torch's own Inductor flow runs on the joint graph before partitioning (Inductor cannot
+    lower the ATen ops themselves unless ``fallback_random`` is set; then nothing changes).
+    Without it a graph with ``rrelu`` or ``dropout`` fails to compile."""
+    from torch._inductor.fx_passes.replace_random import replace_random_passes
+    from torch._inductor.virtualized import V
+
+    with V.set_fake_mode(fake_mode):
+        if replace_random_passes(gm):
+            gm.recompile()
 
 
 def _fakify(example_inputs: Sequence[Any]) -> tuple[FakeTensorMode, list[Any]]:

@@ -280,6 +280,14 @@ def last_graph_node() -> torch.fx.Node:
     return node
 
 
+def _tag_nodes_after(mark: torch.fx.Node, tag: str) -> None:
+    node = mark.next
+    while node.op != "root":
+        if node.op == "call_function":
+            node.meta["partitioner_tag"] = tag
+        node = node.next
+
+
 def move_kept_mutations(
     gm: torch.fx.GraphModule, forward_end: torch.fx.Node, count: int
 ) -> torch.fx.Node:
@@ -374,9 +382,12 @@ def _trace_joint(
         for i, new in zip(in_graph, kept_updates, strict=True):
             apply_kept_mutation(primals[i], new, meta.input_info[i])
         for i, new in zip(bw_written, bw_updates, strict=True):
+            mark = last_graph_node()
             with torch.no_grad():  # checked at run time; See Note [Data mutations in the backward]
                 primals[i].copy_(new)
-            last_graph_node().meta["partitioner_tag"] = BACKWARD_TAG
+            # a subclass input is written through each of its inner tensors: every node the
+            # write made belongs to the backward, not just the last one
+            _tag_nodes_after(mark, BACKWARD_TAG)
             if meta.input_info[i].requires_grad:
                 bw_mutated_requiring_grad.append(i)
         return [*plain_tokens, *plain_returns, *plain_grads, *plain_bw_tokens]

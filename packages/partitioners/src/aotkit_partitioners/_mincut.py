@@ -15,7 +15,9 @@
 # nodes can be cut, so the flow graph holds just them. Tangent-dependent nodes never enter it.
 #
 # Cost model (capacities are ints, so the cut is exact):
-#   capacity(u) = bytes(u) * SCALE + tiebreak(u) * SUB + [u is a symint]
+#   capacity(u) = bytes(u) * BIG + unmaterialized_bytes(u) * SCALE + tiebreak(u) * SUB
+#                 + [u is a symint]
+# (the second level: See Note [Saving values the forward materializes anyway])
 # bytes come from meta['val'] (symbolic sizes use their hints; a symint costs 0 bytes, it
 # is not tensor memory; a static-lifetime input costs 0, it is alive anyway; a tuple, a
 # non-tensor or an input the runtime mutates after the forward cannot be saved). ``SUB``
@@ -42,6 +44,7 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,7 +57,7 @@ from ._cost import SYMINT_BYTES, node_bytes
 from ._cse import cse_graph, duplicates
 from ._extract import PartitionError, build_modules
 from ._joint import JointInfo, analyze_joint, ancestors, is_tuple_node, nodes_of
-from ._ops import ban_reason, is_random, must_recompute, mutated_readers
+from ._ops import ban_reason, is_pointwise, is_random, is_view, must_recompute, mutated_readers
 from ._rng import functional_rng, replay_recomputed_rng_inplace, rng_state_bytes
 
 _SOURCE = -1
@@ -164,6 +167,25 @@ def saved_bytes(problem: CutProblem, saved: Collection[torch.fx.Node]) -> int:
     return total
 
 
+def _materialized(node: torch.fx.Node) -> bool:
+    """A graph input, or a value some reader other than a pointwise or view op reads:
+    the forward writes it to memory whether or not it is saved."""
+    if node.op == "placeholder":
+        return True
+    return any(not (is_pointwise(u) or is_view(u)) for u in node.users)
+
+
+# Note [Saving values the forward materializes anyway]
+# Among cuts that save the same bytes, the one whose saved values the forward writes to
+# memory anyway is cheaper in practice: an input (alive for the caller), or the output of
+# an op a fusing compiler must materialize for a non-pointwise reader. A value read only
+# by pointwise ops would otherwise live in registers of a fused kernel. ``split`` of an
+# input whose halves feed ``sin``/``cos``: saving the input (and recomputing the halves
+# and their pointwise backward inputs) beats saving ``neg(sin(.))`` and ``cos(.)``, as
+# torch decides (it charges such values double). This level sits between bytes and the
+# distance tiebreak of Note [Min-cut flow graph].
+
+
 def _is_tensor(node: torch.fx.Node) -> bool:
     return isinstance(node.meta.get("val"), torch.Tensor) or "tensor_meta" in node.meta
 
@@ -194,6 +216,11 @@ def solve(
     is_size = [is_sym_node(n) for n in cands]
     sub = sum(is_size) + 1
     scale = (max(problem.dist.values()) + 2) * (len(cands) + 1) * sub
+    # Second level (See Note [Saving values the forward materializes anyway]): bytes of
+    # saved values only pointwise/view ops read, which a fusing compiler would not write
+    # to memory unless saved. ``big`` exceeds the sum of that level and the lower ones.
+    unmat = [0 if _materialized(n) else (problem.nbytes[n] or 0) for n in cands]
+    big = (sum(unmat) + 1) * scale
     allowed = set(allow_recompute)
     forbidden = set(forbid_recompute)
     demanded = problem.demanded
@@ -212,7 +239,7 @@ def solve(
         size = problem.nbytes[n]
         tiebreak = 0 if prefer_inputs and n.op == "placeholder" else problem.dist[n] + 1
         tiebreak = tiebreak * sub + is_size[i]
-        cap = None if size is None else size * scale + tiebreak
+        cap = None if size is None else size * big + unmat[i] * scale + tiebreak
         if n in demanded:
             sink_side_out.add(i)
             if banned[i]:
@@ -230,7 +257,7 @@ def solve(
         elif state is not None:
             # a replayed draw needs its generator state: see Note [Min-cut flow graph]
             in_v[i] = 2 * i
-            edges.append((_SOURCE, 2 * i, state * scale + tiebreak))
+            edges.append((_SOURCE, 2 * i, state * big + tiebreak))
             for a in inputs:
                 j = index[a]
                 if j not in sink_side_out:
@@ -393,7 +420,23 @@ def min_cut_rematerialization_partition(
         info, static_lifetime_input_indices, functional_rng=functional_rng(functionalize_rng)
     )
     saved = solve(problem)
-    return partition_with_saved(info, problem, saved, static_lifetime_input_indices)
+    fw, bw = partition_with_saved(info, problem, saved, static_lifetime_input_indices)
+    return _raise_getitems(fw), _raise_getitems(bw)
+
+
+def _raise_getitems(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """Move every ``getitem`` right after the multi-output node it reads, keeping the
+    getitems' relative order, as torch's min-cut does: a multi-output node's results are
+    then unpacked (and the tuple freed) at once, and the graph text is torch's."""
+    getitems = gm.graph.find_nodes(op="call_function", target=operator.getitem)
+    if not getitems:
+        return gm
+    for node in reversed(getitems):
+        parents = node.all_input_nodes
+        if len(parents) == 1:
+            parents[0].append(node)
+    gm.recompile()
+    return gm
 
 
 # See Note [Compiler cache keys] in aotkit_schemas

@@ -294,7 +294,7 @@ def coerce_tangent(value: Any, meta: SubclassOrPlainMeta, zeros: ZeroTangent | N
         # autograd's zeros for an unused subclass output
         return zeros()
     runtime_meta = value.__tensor_flatten__()[1] if is_subclass(value) else None  # type: ignore[attr-defined]
-    if runtime_type is expected_type and runtime_meta == expected_meta:
+    if runtime_type is expected_type and runtime_meta == expected_meta and _same_nesting(value, meta):
         return value
     coerce = getattr(value, "__coerce_same_metadata_as_tangent__", None)
     coerced = None
@@ -303,14 +303,54 @@ def coerce_tangent(value: Any, meta: SubclassOrPlainMeta, zeros: ZeroTangent | N
             coerced = coerce(expected_meta)
         else:
             coerced = coerce(expected_meta, expected_type)
-    if coerced is None:
+    if coerced is None or not _same_nesting(coerced, meta):
+        if expected_type is not torch.Tensor and runtime_type is torch.Tensor:
+            hint = (
+                "This happens when the backward reaches only some of the outputs that "
+                "require grad (autograd then passes plain zeros for the others); call "
+                ".detach() on the outputs you do not differentiate."
+            )
+        else:
+            hint = "Your tensor subclass must implement __coerce_same_metadata_as_tangent__."
+        # torch's first lines (See Note [Tangents of subclass outputs] in aotkit_analysis)
         raise RuntimeError(
-            "aotkit: during the backward, a tangent's tensor subclass metadata differs from "
-            f"the one traced. Expected: {expected_meta} (type {expected_type.__name__}), "
-            f"got: {runtime_meta} (type {runtime_type.__name__}), shape: {tuple(value.shape)}. "
-            "Your tensor subclass must implement __coerce_same_metadata_as_tangent__."
+            "\nDuring the backward, we encountered a tensor subclass where we guessed its\n"
+            "metadata incorrectly.\n"
+            f"Expected: {expected_meta} (type {expected_type.__name__}{_nesting_text(meta)}),\n"
+            f"got: {runtime_meta} (type {runtime_type.__name__}), shape: {tuple(value.shape)}.\n"
+            + hint
         )
     return coerced
+
+
+def _same_nesting(value: Any, meta: SubclassOrPlainMeta) -> bool:
+    """Whether ``value``'s inner tensors are the subclasses (or plain tensors) the traced
+    tangent had, all the way down: a tangent ``TwoTensor(TwoTensor, TwoTensor)`` does not
+    fit a backward traced for ``TwoTensor(Tensor, Tensor)``."""
+    if not isinstance(meta, SubclassCreationMeta):
+        return not is_subclass(value)
+    if type(value) is not meta.original_subclass_type:
+        return False
+    for name, inner_meta in meta.attrs.items():
+        if isinstance(inner_meta, OpaqueMeta):
+            continue
+        inner = getattr(value, name, None)
+        if not isinstance(inner, torch.Tensor) or not _same_nesting(inner, inner_meta):
+            return False
+        if isinstance(inner_meta, SubclassCreationMeta) and inner.__tensor_flatten__()[1] != inner_meta.meta:  # type: ignore[attr-defined]
+            return False
+    return True
+
+
+def _nesting_text(meta: SubclassOrPlainMeta) -> str:
+    if not isinstance(meta, SubclassCreationMeta):
+        return ""
+    inner = [
+        f"{name}: {m.original_subclass_type.__name__ if isinstance(m, SubclassCreationMeta) else 'Tensor'}"
+        for name, m in meta.attrs.items()
+        if not isinstance(m, OpaqueMeta)
+    ]
+    return f" of {', '.join(inner)}" if inner else ""
 
 
 def _boxed(fn: Callable[[list[Any]], Sequence[Any]]) -> Callable[[list[Any]], Sequence[Any]]:
