@@ -46,6 +46,20 @@ def _autocast_state() -> tuple[Any, ...]:
     )
 
 
+# what each entry of ambient_key() is, in words (the recompile log: See Note [Recompile
+# reasons]); keep in step with ambient_key()
+AMBIENT_FIELDS = (
+    "grad mode",
+    "inference mode",
+    "autocast",
+    "deterministic algorithms",
+    "deterministic algorithms' warn_only",
+    "default dtype",
+    "__torch_function__",
+    "functionalized RNG",
+)
+
+
 def ambient_key() -> tuple[Any, ...]:
     """The ambient state of Note [Ambient state in the compile key], as a hashable tuple."""
     return (

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from aotkit_schemas import artifact_enabled, log_artifact
 
+from ._ambient import AMBIENT_FIELDS
+
 # field names of a per-input tensor part, by its length (see input_key in _guards)
 _TENSOR_FIELDS: dict[int, tuple[str, ...]] = {
     7: ("dtype", "device", "layout", "sizes", "strides", "requires_grad", "storage_offset"),
@@ -44,13 +46,35 @@ def _show(value: Any) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def _ambient(index: int, old: Any, new: Any) -> str:
+def _ambient(index: int, old: Any, new: Any) -> list[str]:
+    if index == 0 and isinstance(old, tuple) and isinstance(new, tuple):
+        # the ambient_key() tuple: See Note [Ambient state in the compile key]
+        if len(old) == len(new) == len(AMBIENT_FIELDS):
+            return [
+                _state_change(name, a, b)
+                for name, a, b in zip(AMBIENT_FIELDS, old, new, strict=True)
+                if a != b
+            ]
     name = _AMBIENT_NAMES.get(index, f"ambient state #{index}")
-    if isinstance(old, bool) and isinstance(new, bool) and index == 0:
-        return f"grad mode changed from {'enabled' if old else 'disabled'} to " + (
+    return [_state_change(name, old, new)]
+
+
+def _state_change(name: str, old: Any, new: Any) -> str:
+    if isinstance(old, bool) and isinstance(new, bool):
+        return f"{name} changed from {'enabled' if old else 'disabled'} to " + (
             "enabled" if new else "disabled"
         )
+    if name == "autocast":
+        return f"autocast changed from {_autocast_words(old)} to {_autocast_words(new)}"
     return f"{name} changed from {_show(old)} to {_show(new)}"
+
+
+def _autocast_words(state: Any) -> str:
+    """``None`` (no autocast on) or ``(cache, (device, enabled, dtype), ...)``."""
+    if not isinstance(state, tuple):
+        return "off"
+    on = [f"{d} {str(dt).removeprefix('torch.')}" for d, en, dt in state[1:] if en]
+    return "on for " + ", ".join(on) if on else "off"
 
 
 def _input(i: int, old: Any, new: Any) -> list[str]:
@@ -111,7 +135,7 @@ def explain_key_change(
         if a == b:
             continue
         if index < first_input:
-            reasons.append(_ambient(index, a, b))
+            reasons.extend(_ambient(index, a, b))
         elif index < first_input + num_inputs:
             reasons.extend(_input(index - first_input, a, b))
         else:
