@@ -174,10 +174,13 @@ def run_program(program: Program, args: Sequence[torch.Tensor]) -> tuple[torch.T
     # Nor of an input laid out in a larger base: as_strided's strides count in the base's
     # memory, while the graph holds a mutated input as a fresh contiguous tensor, so
     # functionalization raises (out of bounds) for an in-bounds eager call; torch alike.
+    first_laid_out = program.inputs[0].layout != "contiguous"
     as_strided_ok = {
         i
         for i, s in enumerate(program.inputs)
-        if s.kind != "view_of_0" and s.layout == "contiguous"
+        if s.kind != "view_of_0"
+        and s.layout == "contiguous"
+        and not (s.kind == "same_as_0" and first_laid_out)
     }
     for step in program.steps:
         t = pick(values, step.src)
