@@ -185,7 +185,41 @@ def test_subclass_created_inside_with_symbolic_sizes() -> None:
     assert_plain_graphs(graphs, examples)
 
 
-def test_subclass_input_with_symbolic_sizes_raises_a_clear_error() -> None:
-    f = aotkit.aot_function(lambda x: x * 2, aotkit.nop, dynamic=True)
-    with pytest.raises(NotImplementedError, match="subclass input TwoTensor has symbolic"):
-        f(two(3))
+def _dyn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return (x * y).sin().sum(1) + x[:, 0]
+
+
+def test_subclass_input_with_symbolic_sizes() -> None:
+    """TwoTensor under aot_function(dynamic=True) across batch sizes: one graph, eager's
+    values and gradients (See Note [Symbolic outer sizes of subclasses])."""
+    graphs: Graphs = []
+    examples: list[list[Any]] = []
+    rec = _recording(graphs, examples, aotkit.nop)
+    g = aotkit.aot_function(_dyn, rec, rec, dynamic=True)
+    for batch in (3, 4, 7, 2):
+        results = []
+        for fn in (_dyn, g):
+            torch.manual_seed(batch)
+            x, y = two(batch, 5), torch.randn(batch, 5, requires_grad=True)
+            out = fn(x, y)
+            out.sum().backward()
+            results.append((out.detach(), x.grad, y.grad))
+        assert_same(results[1], results[0])
+    assert len(graphs) == 2  # one forward and one backward for every batch size
+    assert_plain_graphs(graphs, examples)
+
+
+@pytest.mark.parametrize("backend", ["aotkit_eager", "aot_eager"])
+def test_torch_compile_dynamic_subclass_input(backend: str) -> None:
+    torch._dynamo.reset()
+    aotkit.register_dynamo_backends()
+    compiled = torch.compile(_dyn, backend=backend, dynamic=True, fullgraph=True)
+    for batch in (3, 4, 7):
+        results = []
+        for fn in (_dyn, compiled):
+            torch.manual_seed(batch)
+            x, y = two(batch, 5), torch.randn(batch, 5, requires_grad=True)
+            out = fn(x, y)
+            out.sum().backward()
+            results.append((out.detach(), x.grad, y.grad))
+        assert_same(results[1], results[0])

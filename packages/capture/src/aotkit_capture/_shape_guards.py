@@ -65,10 +65,12 @@ class ShapeGuard:
         from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
 
         placeholders = [fake_compiled_args[p] for p in positions]
+        sources = [LocalSource(f"t{k}") for k in range(len(placeholders))]
         exprs = tuple(
             shape_env.produce_guards(
                 placeholders,
-                [LocalSource(f"t{k}") for k in range(len(placeholders))],
+                sources,  # type: ignore[arg-type]
+                input_contexts=[_context(t, src) for t, src in zip(placeholders, sources, strict=True)],
                 ignore_static=False,
             )
         )
@@ -91,3 +93,36 @@ class ShapeGuard:
 
         env = {**SYMPY_INTERP, "L": self._locals(flat_args)}
         return [e for e in self.exprs if not eval(e, env)]
+
+
+def _context(value: Any, source: Any) -> Any:
+    """The symbolic context produce_guards needs for one input: a tensor subclass needs
+    one that describes its inner tensors (their sizes are guarded too, through
+    ``L['t0'].a``), everything else gets the default."""
+    import torch
+    from torch._dynamo.source import AttrSource
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        StatelessSymbolicContext,
+        SubclassSymbolicContext,
+    )
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not isinstance(value, torch.Tensor):
+        return None
+    dynamic = [DimDynamic.DYNAMIC] * value.dim()
+    constraints: list[Any] = [None] * value.dim()
+    if not is_traceable_wrapper_subclass(value):
+        return StatelessSymbolicContext(dynamic_sizes=dynamic, constraint_sizes=constraints)
+    attrs, _ = value.__tensor_flatten__()  # type: ignore[attr-defined]
+    inner = {
+        a: _context(getattr(value, a), AttrSource(source, a))
+        for a in attrs
+        if isinstance(getattr(value, a), torch.Tensor)
+    }
+    return SubclassSymbolicContext(
+        dynamic_sizes=dynamic,
+        constraint_sizes=constraints,
+        inner_contexts=inner,
+        tensor_source=source,
+    )

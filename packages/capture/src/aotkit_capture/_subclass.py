@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from aotkit_runtime import (
     ZeroTangent,
     check_rebuildable,
@@ -54,6 +55,7 @@ class SubclassLayer:
 
     @staticmethod
     def build(fake_args: Sequence[Any], meta: ViewAndMutationMeta) -> SubclassLayer:
+        _tie_outer_to_inner(fake_args)
         inp_metas = create_subclass_metas(fake_args)
         _check_static_input_outers(inp_metas)
         return SubclassLayer(
@@ -141,13 +143,42 @@ class SubclassLayer:
         return desugared, unwrap_subclasses(primals), unwrap_subclasses(tangents)
 
 
+def _tie_outer_to_inner(fake_args: Sequence[Any]) -> None:
+    """Fakification gives a subclass input's outer sizes symbols of their own. Each outer
+    symbol whose example value equals an inner tensor's symbolic size or stride is
+    asserted equal to it (a ShapeEnv guard, checked on every later call: an input where
+    they differ gets a new trace), so the outer shape is a function of the inner tensors.
+    See Note [Symbolic outer sizes of subclasses] in aotkit_schemas."""
+    import sympy
+
+    for a in fake_args:
+        if not is_subclass(a):
+            continue
+        inner_syms: dict[int, Any] = {}
+        for t in unwrap_subclasses([a]):
+            if isinstance(t, torch.Tensor):
+                for v in (*t.shape, *t.stride()):
+                    if isinstance(v, torch.SymInt) and isinstance(v.node.expr, sympy.Symbol):
+                        inner_syms.setdefault(int(v.node.hint), v)  # type: ignore[arg-type]
+        for v in (*a.shape, *a.stride()):
+            if not isinstance(v, torch.SymInt) or not isinstance(v.node.expr, sympy.Symbol):
+                continue
+            twin = inner_syms.get(int(v.node.hint))  # type: ignore[arg-type]
+            if twin is not None and v.node.expr != twin.node.expr:
+                torch._check(v == twin)
+
+
 def _check_static_input_outers(metas: Sequence[Any]) -> None:
     """A subclass input whose outer shape has symbols of its own (fakification gives the
     outer and the inner sizes separate symbols) would need them as graph inputs, as torch
     passes them; aotkit does not yet. See Note [Symbolic outer sizes of subclasses] in
     aotkit_schemas."""
     for m in metas:
-        if isinstance(m, SubclassCreationMeta) and m.symbolic_outer is not None:
+        if (
+            isinstance(m, SubclassCreationMeta)
+            and m.symbolic_outer is not None
+            and m.symbolic_outer.unbound
+        ):
             raise NotImplementedError(
                 f"aotkit: the tensor subclass input {m.original_subclass_type.__name__} has "
                 f"symbolic sizes or strides ({m.outer_size}, {m.outer_stride}); aotkit "

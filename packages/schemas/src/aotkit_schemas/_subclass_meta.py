@@ -49,9 +49,9 @@
 #     ``__coerce_same_metadata_as_tangent__`` or the backward raises torch's error; the
 #     plain zeros autograd passes for an unused subclass output become a zero subclass of
 #     the traced form.
-#   * Limits. A subclass *input* with symbolic sizes (``dynamic=True``) raises
-#     NotImplementedError; subclasses the function creates may have symbolic sizes (See
-#     Note [Symbolic outer sizes of subclasses]). The export entry points
+#   * Symbolic sizes. Under ``dynamic=True`` outer sizes and strides may be SymInts (See
+#     Note [Symbolic outer sizes of subclasses]).
+#   * Limits. The export entry points
 #     (``aot_export_module``, ``aot_export_joint_simple``) raise torch 2.15's "not
 #     currently supported with traceable tensor subclass" for a subclass parameter or
 #     input.
@@ -98,7 +98,13 @@ class OpaqueMeta:
 # Inputs are never rebuilt at run time (the user's values are flattened), so only the
 # forward outputs and the gradients need this; one of those whose outer expression has a
 # symbol that no inner size or stride gives is refused at compile time, naming the
-# subclass. torch passes such sizes as extra SymInt graph
+# subclass. Fakification gives a subclass input's outer dimensions symbols of their own;
+# before tracing, each one whose example value equals a symbolic inner size or stride is
+# asserted equal to it (``torch._check``), so everything computed from the input is in
+# inner symbols. That assertion is a ShapeEnv guard, evaluated on every later call with
+# the subclass's inner tensors as guard sources (See Note [Shape guards] in
+# aotkit_capture): an input for which it does not hold is traced again. An outer symbol
+# with no such twin raises NotImplementedError. torch passes such sizes as extra SymInt graph
 # inputs and outputs instead; the graphs aotkit hands to compilers have no such extras.
 @dataclass(frozen=True, eq=False)
 class SymbolicOuter:
