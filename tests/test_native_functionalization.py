@@ -139,7 +139,7 @@ def test_native_joint_graphs_match_the_python_mode() -> None:
 # (checkpoint_dropout): the native trace keeps the recomputation's detach of a saved input
 # as a dead node and orders the tangent scaling after it, so backward node names differ
 # (mul_2 / mul_7); same ops, and the corpus checks the values.
-# Recurrent layers (nn.LSTM/GRU/RNN through the C++ composite kernels, Note [Recurrent
+# Recurrent layers with gates (nn.LSTM/GRU through the C++ composite kernels, Note [Recurrent
 # layers under the Python dispatcher]): the cell's gates are saved outputs whose detach
 # nodes the native trace places where the Python mode records none (or none where it
 # does), the GRUCell pattern again; same ops and values (the corpus checks them).
@@ -150,7 +150,6 @@ _TEXT_DIFFERS = {
     "lstm_bidirectional_batch_first_two_layers",
     "lstm_two_layers_dropout_input_requires_grad",
     "gru_bidirectional_batch_first_two_layers_dropout",
-    "rnn_relu_bidirectional_two_layers",
 }
 
 
