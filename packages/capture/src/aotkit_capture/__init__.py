@@ -6,6 +6,8 @@ tracing-error translation, the compile pipeline (``compile_flat``) and the expor
 The user-facing entry points that call it live in ``aotkit_frontends``.
 """
 
+from ._ambient import AMBIENT_FIELDS as AMBIENT_FIELDS
+from ._ambient import ambient_key as ambient_key
 from ._backward_mutations import (
     BACKWARD_INPUT_METADATA_MUTATION as BACKWARD_INPUT_METADATA_MUTATION,
 )
@@ -55,6 +57,8 @@ from ._trace import trace_joint as trace_joint
 __all__ = [
     "CacheSidecar",
     "Uncacheable",
+    "AMBIENT_FIELDS",
+    "ambient_key",
     "ambient_state_key",
     "cache_counters",
     "cache_dir",

@@ -12,10 +12,10 @@
 #   * every input's metadata: type, dtype, device, layout, sizes, strides, storage offset,
 #     requires_grad, the aliasing pattern (which inputs share storage), and the values of
 #     Python scalars (traced as constants);
-#   * ambient state, ``ambient_state_key()``: grad and inference mode, autocast (CPU, CUDA,
-#     weight cache), deterministic algorithms, default dtype, matmul precision, aotkit's
-#     functionalized-RNG switch and the functorch configs the trace reads (this is the disk
-#     cache's own function; the in-memory key in aotkit_frontends._guards has its own);
+#   * ambient state, ``ambient_state_key()``: the in-memory compile key's ``ambient_key()``
+#     (See Note [Ambient state in the compile key]: grad and inference mode, autocast per
+#     device, deterministic algorithms, default dtype, __torch_function__, aotkit's
+#     functionalized-RNG switch) plus matmul precision and the functorch configs;
 #   * the configuration: partitioner, compilers (See Note [Compiler cache keys] in
 #     aotkit_schemas), decompositions (op name plus the decomposition's code),
 #     keep_inference_input_mutations, parameter count, static inputs;
@@ -44,6 +44,8 @@ import torch.fx
 from aotkit_schemas import AOTConfig, compiler_cache_key
 from torch._subclasses.fake_tensor import FakeTensor
 
+from ._ambient import ambient_key
+
 CACHE_FORMAT = 1
 _PLAIN = (int, float, bool, str, bytes, type(None), complex)
 _AOTKIT_PACKAGES = (
@@ -58,31 +60,15 @@ class Uncacheable(Exception):
 
 
 def ambient_state_key() -> tuple[Any, ...]:
-    """The process-wide state a trace depends on besides its inputs.
-
-    Grad and inference mode, autocast (CPU and CUDA: enabled, dtype, weight cache),
-    deterministic algorithms (and warn-only), the default dtype, float32 matmul precision,
-    aotkit's functionalized-RNG switch, and the functorch configs aotkit's trace reads.
-
-    This is the disk cache's own function; the in-memory compile key has its own ambient
-    state in aotkit_frontends (to be unified).
-    """
-    from aotkit_schemas import functionalize_rng_enabled
-
+    """The process-wide state a trace depends on besides its inputs: the in-memory compile
+    key's ``ambient_key()`` (See Note [Ambient state in the compile key]), plus state an
+    entry reused by another process could see changed although today's traces do not read
+    it (float32 matmul precision, the functorch configs export and torch's own pipeline
+    read): kept in the disk key to be safe, read once per compilation."""
     fconfig = torch._functorch.config
     return (
-        torch.is_grad_enabled(),
-        torch.is_inference_mode_enabled(),
-        torch.is_autocast_enabled("cpu"),
-        torch.get_autocast_dtype("cpu"),
-        torch.is_autocast_enabled("cuda"),
-        torch.get_autocast_dtype("cuda"),
-        torch.is_autocast_cache_enabled(),
-        torch.are_deterministic_algorithms_enabled(),
-        torch.is_deterministic_algorithms_warn_only_enabled(),
-        torch.get_default_dtype(),
+        *ambient_key(),
         torch.get_float32_matmul_precision(),
-        functionalize_rng_enabled(),
         getattr(fconfig, "functionalize_rng_ops", None),
         getattr(fconfig, "view_replay_for_aliased_outputs", None),
         getattr(fconfig, "activation_memory_budget", None),

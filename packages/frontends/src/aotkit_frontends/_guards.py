@@ -25,9 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from aotkit_capture import VALUE_KINDS
-
-from ._ambient import ambient_key
+from aotkit_capture import VALUE_KINDS, ambient_key
 
 
 def _alias_key(flat_args: Sequence[Any], *, with_shapes: bool) -> tuple[Any, ...]:

@@ -23,9 +23,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from aotkit_capture import AMBIENT_FIELDS
 from aotkit_schemas import artifact_enabled, log_artifact
-
-from ._ambient import AMBIENT_FIELDS
 
 # field names of a per-input tensor part, by its length (see input_key in _guards)
 _TENSOR_FIELDS: dict[int, tuple[str, ...]] = {
