@@ -17,14 +17,8 @@ from aotkit_schemas import AOTConfig, CacheFormatError
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ._compile import (
-    CompiledArtifacts,
-    Runner,
-    compile_traced,
-    finish,
-    inference_call,
-    training_call,
-)
+from ._compile import CompiledArtifacts, Runner, compile_traced, finish
+from ._compiled_calls import inference_call, training_call
 from ._disk_cache import cache_counters, reject_payload
 from ._disk_cache import load as cache_load
 from ._disk_cache import store as cache_store

@@ -23,7 +23,8 @@ from aotkit_schemas import AOTConfig, ViewAndMutationMeta
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ._compile import _as_inference, _metadata, _output_needs_grad, _tracing_context
+from ._compile import _as_inference, _metadata, _output_needs_grad
+from ._compiled_calls import _tracing_context
 from ._effects import token_inputs
 from ._errors import explain_tracing_errors
 from ._export_pre_dispatch import trace_pre_dispatch

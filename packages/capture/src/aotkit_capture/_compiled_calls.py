@@ -1,0 +1,145 @@
+"""Compile a partitioned (or inference) graph and wrap it for the runtime: the step of
+``compile_traced`` that a compilation restored from the on-disk cache shares with a fresh
+one (See Note [On-disk compile cache]). Programs with tensor subclasses take their own path
+in ``_compile``; these take plain tensors, and effect tokens lead the graphs' inputs and
+outputs (See Note [Effect tokens])."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from aotkit_runtime import (
+    AutogradPlan,
+    as_list_caller,
+    backward_with_tokens,
+    forward_with_tokens,
+    make_autograd_function,
+)
+from aotkit_schemas import AOTConfig, PartitionResult, ViewAndMutationMeta
+from torch._guards import detect_fake_mode
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ._context import track_graph_compiling
+from ._grad_mode_kernels import symbolic_dispatch
+from ._graph_facts import (
+    gradless_inputs,
+    plain_view_outputs,
+    returning_plain_tensors,
+    static_tangent_like,
+    tangent_dependencies,
+)
+
+
+@contextlib.contextmanager
+def _tracing_context(fake_mode: FakeTensorMode, symbolic: bool) -> Any:
+    rng = torch.get_rng_state()
+    try:
+        with fake_mode, symbolic_dispatch(symbolic):  # See Note [Recurrent layers under the Python dispatcher]
+            yield
+    finally:
+        torch.set_rng_state(rng)
+
+
+def inference_call(
+    gm: torch.fx.GraphModule, fake: Sequence[Any], meta: ViewAndMutationMeta, cfg: AOTConfig
+) -> Callable[[list[Any]], Sequence[Any]]:
+    """Compile the inference graph ``gm`` (no tensor subclasses) and wrap it for the
+    epilogue; shared with the on-disk cache's restore."""
+    compiler = cfg.inference_compiler or cfg.fw_compiler
+    n_tok = len(meta.tokens)  # See Note [Effect tokens]: the tokens lead
+    example = list(fake)
+    if n_tok:
+        example = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+    with track_graph_compiling(cfg, "inference"):
+        raw = forward_with_tokens(compiler(gm, example), n_tok)
+    compiled = as_list_caller(raw)
+    if compiled is raw:
+        # A boxed graph may clear the list it gets (Note [Boxed calling convention]); the
+        # epilogue still reads the arguments, so it gets a copy. (The training path's
+        # autograd.Function builds its own list.)
+        boxed: Callable[[list[Any]], Sequence[Any]] = compiled
+
+        def call_with_copy(args: list[Any]) -> Sequence[Any]:
+            return boxed(list(args))
+
+        compiled = call_with_copy
+    plain_views = plain_view_outputs(gm, meta, n_tok)
+    if plain_views:
+        compiled = returning_plain_tensors(compiled, plain_views)
+    return _no_grad_unless_grad_free(compiled, fake)
+
+
+def _no_grad_unless_grad_free(
+    compiled: Callable[[list[Any]], Sequence[Any]], fake: Sequence[Any]
+) -> Callable[[list[Any]], Sequence[Any]]:
+    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake):
+        return compiled
+
+    def run_no_grad(args: list[Any]) -> Sequence[Any]:
+        with torch.no_grad():
+            return compiled(args)
+
+    return run_no_grad
+
+
+def _backward_compiler(
+    partition: PartitionResult, fake: Sequence[Any], cfg: AOTConfig, n_bw_tokens: int = 0
+) -> Callable[[], Callable[..., Any]]:
+    bw_module = partition.bw_module
+    with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
+        bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
+    fake_mode = detect_fake_mode(list(fake)) or FakeTensorMode()
+    symbolic = fake_mode.shape_env is not None
+
+    def compile_backward() -> Callable[..., Any]:
+        # Like torch, the backward is compiled at the first backward call, under the
+        # forward's fake mode; the autograd.Function caches the result.
+        with _tracing_context(fake_mode, symbolic), track_graph_compiling(cfg, "backward"):
+            compiled: Callable[..., Any] = backward_with_tokens(
+                cfg.bw_compiler(bw_module, bw_example), n_bw_tokens
+            )
+        return compiled
+
+    return compile_backward
+
+
+def training_call(
+    partition: PartitionResult,
+    fake: Sequence[Any],
+    meta: ViewAndMutationMeta,
+    cfg: AOTConfig,
+    stale_tangents: tuple[tuple[int, str], ...],
+    backward_mutated_inputs: tuple[int, ...],
+) -> Callable[[list[Any]], Sequence[Any]]:
+    """Compile the forward now and the backward at its first call (no tensor subclasses);
+    the autograd.Function. Shared with the on-disk cache's restore."""
+    fw_module, bw_module = partition.fw_module, partition.bw_module
+    # See Note [Effect tokens]: the forward's leading inputs and outputs are its tokens
+    n_tok, n_bw_tok = len(meta.tokens), meta.num_backward_tokens
+    fw_example = list(fake)
+    if n_tok:
+        fw_example = [n.meta.get("val") for n in fw_module.graph.find_nodes(op="placeholder")]
+    with track_graph_compiling(cfg, "forward"):
+        compiled_fw = forward_with_tokens(cfg.fw_compiler(fw_module, fw_example), n_tok)
+    compile_backward = _backward_compiler(partition, fake, cfg, n_bw_tok)
+    plan = AutogradPlan(
+        meta=meta,
+        num_saved_tensors=partition.num_saved_tensors,
+        num_saved_symints=partition.num_saved_symints,
+        tangent_deps=tangent_dependencies(
+            bw_module,
+            partition.num_saved_symints + partition.num_saved_tensors,
+            len(meta.tangent_indices),
+            n_bw_tok,
+        ),
+        plain_view_outputs=plain_view_outputs(fw_module, meta, n_tok),
+        stale_tangents=stale_tangents,
+        static_tangent_like=static_tangent_like(meta),
+        gradless_inputs=gradless_inputs(bw_module, fake, meta, n_bw_tok),
+        backward_mutated_inputs=backward_mutated_inputs,
+    )
+    return make_autograd_function(compiled_fw, compile_backward, plan)
