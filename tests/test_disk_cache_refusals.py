@@ -1,0 +1,50 @@
+"""What the on-disk cache must refuse to store: metadata with no cache form, whose loss on a
+warm start would change what a call does in silence (See Note [On-disk compile cache])."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from aotkit_backends import nop
+from aotkit_capture import record_compilations
+from aotkit_capture._disk_cache_entry import entry_payload
+from aotkit_frontends import aot_function
+
+
+def _artifacts(fn: Any, *args: Any) -> Any:
+    with record_compilations() as compiled:
+        aot_function(fn, nop)(*args)
+    assert len(compiled) == 1
+    return compiled[0]
+
+
+def test_a_plain_program_has_a_payload() -> None:
+    # the refusals below are about their metadata, not about every program
+    art = _artifacts(lambda x: (x * 2).sin(), torch.randn(3))
+    assert entry_payload(art, None) is not None
+
+
+def test_effect_tokens_are_not_stored() -> None:
+    # a restored entry without its tokens would drop the print (See Note [Effect tokens])
+    def f(x: torch.Tensor) -> torch.Tensor:
+        torch.ops.aten._print("effect")
+        return x * 2
+
+    art = _artifacts(f, torch.randn(3))
+    assert art.meta.tokens
+    assert entry_payload(art, None) is None
+
+
+def test_recorded_view_chains_are_not_stored() -> None:
+    # an output viewing a mutated non-contiguous input is replayed from functionalization's
+    # recorded view chain (See Note [View replay]); restored without it, the view would be
+    # rebuilt another way
+    def h(x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return x[1:].t()
+
+    art = _artifacts(h, torch.arange(30.0).reshape(5, 6).t()[1:])
+    infos = [*art.meta.input_info, *art.meta.output_info]
+    assert any(getattr(i, "view_meta_sequence", None) is not None for i in infos)
+    assert entry_payload(art, None) is None
