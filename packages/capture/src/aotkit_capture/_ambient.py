@@ -13,13 +13,16 @@
 #     and some kernels choose other ops under it);
 #   * the default dtype (factory calls such as ``torch.zeros(3)`` and Python scalars);
 #   * whether __torch_function__ is enabled (torch._C.DisableTorchFunction);
-#   * aotkit's functionalized-RNG switch (it changes which random ops the graph holds).
+#   * aotkit's functionalized-RNG switch (it changes which random ops the graph holds);
+#   * with grad mode on, functorch's ``backward_pass_autocast`` setting (the autocast
+#     state the backward is traced under: See Note [Autocast in the backward trace]).
 # This is the part of dynamo's GlobalStateGuard that changes an ATen trace. The rest of
 # that guard (TF32 / reduced-precision-reduction flags, matmul precision, thread count)
 # only changes kernels a backend picks at run time, not the traced graph. cudnn/mkldnn
 # flags do not change the trace either: convolutions are traced as aten.convolution
 # whatever the backend choice.
-# Per-call cost: a handful of C calls, about 0.2 us; the autocast details are read only
+# Per-call cost: a handful of C calls, about 0.2 us (plus about 3 us to read the functorch
+# setting when grad mode is on); the autocast details are read only
 # when some autocast is on (one C call tells). aot_module_simplified keeps no cache: its
 # caller (dynamo) guards this state with its GlobalStateGuard.
 """
@@ -30,6 +33,8 @@ from typing import Any
 
 import torch
 from aotkit_schemas import functionalize_rng_enabled
+
+from ._autocast import backward_autocast_key
 
 _C: Any = torch._C
 _AUTOCAST_DEVICES = tuple(
@@ -57,6 +62,7 @@ AMBIENT_FIELDS = (
     "default dtype",
     "__torch_function__",
     "functionalized RNG",
+    "backward_pass_autocast",
 )
 
 
@@ -71,4 +77,5 @@ def ambient_key() -> tuple[Any, ...]:
         torch.get_default_dtype(),
         _C._is_torch_function_enabled(),
         functionalize_rng_enabled(),
+        backward_autocast_key(),
     )

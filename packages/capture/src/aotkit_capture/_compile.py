@@ -41,6 +41,12 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
+from ._autocast import (
+    autocast_at_compile,
+    preserved_autocast,
+    run_without_autocast,
+    without_autocast_compiling,
+)
 from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY
 from ._compiled_calls import (
     _backward_compiler,
@@ -254,7 +260,12 @@ def _compile_flat(
     shape_env: Any,
 ) -> tuple[Runner, CompiledArtifacts]:
     layout = compute_input_layout(flat_args)
-    with explain_tracing_errors(), _tracing_context(fake_mode, shape_env is not None):
+    # See Note [A failed trace leaves autocast as it found it]
+    with (
+        explain_tracing_errors(),
+        _tracing_context(fake_mode, shape_env is not None),
+        preserved_autocast(),
+    ):
         fake_args: list[Any] | None = None
         single: Any = None
         # See Note [Why a graph took the path it took]
@@ -352,14 +363,15 @@ def _try_single_pass(
     """(metadata, traced function, forward outputs, (joint, joint inputs)) from one
     trace, or, for the two-pass flow, why not. See Note [Single-pass joint trace]."""
     traced_fn = layout.wrap_for_tracing(flat_fn)
-    try:
-        joint, joint_inputs, meta, fw_outs = trace_single_pass(
-            traced_fn,
-            fake_args,
-            cfg.decompositions,
-            static_input_indices=cfg.static_input_indices or (),
-            keep_input_mutations=cfg.keep_inference_input_mutations,
-        )
+    try:  # See Note [A failed trace leaves autocast as it found it]
+        with preserved_autocast():
+            joint, joint_inputs, meta, fw_outs = trace_single_pass(
+                traced_fn,
+                fake_args,
+                cfg.decompositions,
+                static_input_indices=cfg.static_input_indices or (),
+                keep_input_mutations=cfg.keep_inference_input_mutations,
+            )
     except Exception as e:  # NotSinglePass, or an error the two-pass flow reports its way
         return describe_failure(e)
     return meta, traced_fn, fw_outs, (joint, joint_inputs)
@@ -425,8 +437,8 @@ def _compile_inference(
     if subclasses is None:
         return inference_call(gm, fake, meta, cfg)
     check_no_subclass_effects(meta)  # See Note [Effect tokens]
-    with track_graph_compiling(cfg, "inference"):
-        raw = compiler(gm, unwrap_subclasses(fake))
+    with track_graph_compiling(cfg, "inference"), without_autocast_compiling():
+        raw = run_without_autocast(compiler(gm, unwrap_subclasses(fake)), autocast_at_compile())
     # flattening the inputs makes a new list, so a boxed graph may clear it
     raw = subclass_forward(raw, subclasses.inp_metas, subclasses.fw_out_metas)
     return _no_grad_unless_grad_free(as_list_caller(raw), fake)
@@ -478,7 +490,7 @@ def _compile_training(
         n_fwd = subclasses.num_flat_forward_returns
         fake = list(joint_inputs[0])
     lazy = reads_graph_only(cfg.fw_compiler) and reads_graph_only(cfg.bw_compiler)
-    with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy):
+    with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy), without_autocast_compiling():
         fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
     log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn))
@@ -489,8 +501,8 @@ def _compile_training(
         return training_call(
             partition, fake, meta, cfg, artifacts.stale_tangents, artifacts.backward_mutated_inputs
         )
-    with track_graph_compiling(cfg, "forward"):
-        compiled_fw = cfg.fw_compiler(fw_module, fake)
+    with track_graph_compiling(cfg, "forward"), without_autocast_compiling():
+        compiled_fw = run_without_autocast(cfg.fw_compiler(fw_module, fake), autocast_at_compile())
     compile_backward = _backward_compiler(partition, fake, cfg)
 
     def compile_subclass_backward() -> Callable[..., Any]:

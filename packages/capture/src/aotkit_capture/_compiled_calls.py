@@ -23,6 +23,7 @@ from aotkit_schemas import AOTConfig, PartitionResult, ViewAndMutationMeta
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ._autocast import autocast_at_compile, run_without_autocast, without_autocast_compiling
 from ._context import track_graph_compiling
 from ._grad_mode_kernels import symbolic_dispatch
 from ._graph_facts import (
@@ -54,8 +55,10 @@ def inference_call(
     example = list(fake)
     if n_tok:
         example = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
-    with track_graph_compiling(cfg, "inference"):
+    disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
+    with track_graph_compiling(cfg, "inference"), without_autocast_compiling():
         raw = forward_with_tokens(compiler(gm, example), n_tok)
+    raw = run_without_autocast(raw, disable_amp)
     compiled = as_list_caller(raw)
     if compiled is raw:
         # A boxed graph may clear the list it gets (Note [Boxed calling convention]); the
@@ -94,15 +97,18 @@ def _backward_compiler(
         bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode(list(fake)) or FakeTensorMode()
     symbolic = fake_mode.shape_env is not None
+    disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
 
     def compile_backward() -> Callable[..., Any]:
         # Like torch, the backward is compiled at the first backward call, under the
         # forward's fake mode; the autograd.Function caches the result.
+        no_amp = torch._C._DisableAutocast() if disable_amp else contextlib.nullcontext()
         with _tracing_context(fake_mode, symbolic), track_graph_compiling(cfg, "backward"):
-            compiled: Callable[..., Any] = backward_with_tokens(
-                cfg.bw_compiler(bw_module, bw_example), n_bw_tokens
-            )
-        return compiled
+            with no_amp:
+                compiled: Callable[..., Any] = backward_with_tokens(
+                    cfg.bw_compiler(bw_module, bw_example), n_bw_tokens
+                )
+        return run_without_autocast(compiled, disable_amp)
 
     return compile_backward
 
@@ -123,8 +129,10 @@ def training_call(
     fw_example = list(fake)
     if n_tok:
         fw_example = [n.meta.get("val") for n in fw_module.graph.find_nodes(op="placeholder")]
-    with track_graph_compiling(cfg, "forward"):
+    disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
+    with track_graph_compiling(cfg, "forward"), without_autocast_compiling():
         compiled_fw = forward_with_tokens(cfg.fw_compiler(fw_module, fw_example), n_tok)
+    compiled_fw = run_without_autocast(compiled_fw, disable_amp)
     compile_backward = _backward_compiler(partition, fake, cfg, n_bw_tok)
     plan = AutogradPlan(
         meta=meta,

@@ -35,6 +35,7 @@ from torch.autograd.grad_mode import _unsafe_preserve_version_counter
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
+from ._autocast import backward_autocast
 from ._backward_mutations import (
     BACKWARD_MUTATED_INPUTS_KEY,
     BACKWARD_TAG,
@@ -474,8 +475,8 @@ def primal_grads(
     ]
     if not outs_and_tangents or not diff:
         return grads, {}
-    # See Note [Preserved node meta]
-    with backward_node_meta([o for _, o, _ in outs_and_tangents]):
+    # See Note [Preserved node meta] and Note [Autocast in the backward trace]
+    with backward_node_meta([o for _, o, _ in outs_and_tangents]), backward_autocast():
         computed, failed = _input_grads(outs_and_tangents, [p for _, p in diff])
     for (i, _), g in zip(diff, computed, strict=True):
         grads[i] = g
