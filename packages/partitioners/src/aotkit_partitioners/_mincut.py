@@ -57,7 +57,15 @@ from ._cost import SYMINT_BYTES, node_bytes
 from ._cse import cse_graph, duplicates
 from ._extract import PartitionError, build_modules
 from ._joint import JointInfo, analyze_joint, ancestors, is_tuple_node, nodes_of
-from ._ops import ban_reason, is_pointwise, is_random, is_view, must_recompute, mutated_readers
+from ._ops import (
+    ban_reason,
+    is_pointwise,
+    is_random,
+    is_view,
+    materialized_in_backward,
+    must_recompute,
+    mutated_readers,
+)
 from ._rng import functional_rng, replay_recomputed_rng_inplace, rng_state_bytes
 
 _SOURCE = -1
@@ -130,6 +138,8 @@ def build_problem(
             banned[n] = "graph input"
         elif n in info.fw_required:
             reason = ban_reason(n, n in mutated, functional_rng=functional_rng)
+            if reason is None and materialized_in_backward(n, info.fw_required):
+                reason = "materialized in the backward"  # See Note [Values the backward must materialize]
             if reason is not None:
                 banned[n] = reason
             elif is_random(n):

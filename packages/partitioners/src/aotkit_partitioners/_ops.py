@@ -230,6 +230,46 @@ def ban_reason(
     return None
 
 
+# Note [Values the backward must materialize]
+# Recomputing a forward value in the backward is taken to be free when the backward fuses
+# the recomputation into the kernel that reads it. When a backward reader cannot fuse it
+# (a matmul reads it, directly or through views), the recomputed value has to be written
+# to memory in the backward all the same: recomputing it then costs its memory in the
+# backward and its compute, and saves nothing on the forward side that the cut could not
+# save otherwise. So, as torch's min-cut does by default (``ban_recompute_materialized_
+# backward``), such a value is not recomputed: ``cat([expand(a), b, c])`` read by a
+# backward ``mm`` through ``t`` is saved (as the view the matmul reads), not rebuilt from
+# ``a``, ``b`` and ``c`` in the backward. "Fusible" here: the reader is a ``cat`` (a copy
+# into a slice of its output) or both ops are on the recompute allowlist. A view itself is
+# never banned by this rule (it costs nothing to rebuild). A memory budget may lift it.
+
+
+def materialized_in_backward(node: torch.fx.Node, fw_required: frozenset[torch.fx.Node]) -> bool:
+    """Whether a backward reader of ``node`` (through views) cannot fuse its recomputation.
+    See Note [Values the backward must materialize]."""
+    if is_view(node):
+        return False
+    seen = {node}
+    todo = [node]
+    while todo:
+        cur = todo.pop()
+        for user in cur.users:
+            if user not in fw_required and not _fusible(cur, user):
+                return True
+            if is_view(user) and user not in seen:
+                seen.add(user)
+                todo.append(user)
+    return False
+
+
+def _fusible(producer: torch.fx.Node, reader: torch.fx.Node) -> bool:
+    if packet(reader) is aten.cat:
+        return True
+    if reader.op == "output":
+        return False
+    return is_allowlisted(producer) and is_allowlisted(reader)
+
+
 def mutated_readers(nodes: list[torch.fx.Node]) -> set[torch.fx.Node]:
     """Nodes that read a tensor which some op mutates (or are that tensor).
 
