@@ -430,7 +430,10 @@ def _compile_inference(
 ) -> Callable[[list[Any]], Sequence[Any]]:
     compiler = cfg.inference_compiler or cfg.fw_compiler
     with _lazy_modules(reads_graph_only(compiler)):
-        gm = trace_inference(traced_fn, fake, meta, cfg.decompositions, subclasses)
+        gm = trace_inference(
+            traced_fn, fake, meta, cfg.decompositions, subclasses,
+            functionalize=not cfg.disable_functionalization,
+        )
     propagate_mutation_meta(gm.graph)  # See Note [Preserved node meta]
     log_inference(gm, meta)
     artifacts.inference_module = gm
@@ -471,7 +474,8 @@ def _compile_training(
             else native_blocker(meta, cfg, artifacts.layout)
         )
         joint, joint_inputs = trace_joint(
-            traced_fn, fake, meta, cfg.decompositions, native=blocker is None, subclasses=subclasses
+            traced_fn, fake, meta, cfg.decompositions, native=blocker is None,
+            subclasses=subclasses, functionalize=not cfg.disable_functionalization,
         )
         artifacts.native_skipped = joint.meta.get(NATIVE_FALLBACK_KEY, blocker)
         artifacts.native_functionalization = artifacts.native_skipped is None

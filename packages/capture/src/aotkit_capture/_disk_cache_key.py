@@ -352,7 +352,8 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
         ("bw", _callable_key("backward compiler", cfg.bw_compiler)),
         ("inference", _callable_key("inference compiler", cfg.inference_compiler)),
         ("decompositions", _decomposition_key(cfg.decompositions)),
-        ("config", cfg.keep_inference_input_mutations, cfg.num_params_buffers, cfg.no_tangents,
+        ("config", cfg.keep_inference_input_mutations, cfg.disable_functionalization,
+         cfg.num_params_buffers, cfg.no_tangents,
          tuple(cfg.static_input_indices or ())),
     ]
     return hashlib.sha256(repr(parts).encode()).hexdigest()

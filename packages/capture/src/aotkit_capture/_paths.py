@@ -64,6 +64,8 @@ def single_pass_blocker(
         return "dynamic shapes"
     if cfg.is_export:
         return "export"
+    if cfg.disable_functionalization:  # See Note [Tracing without functionalization]
+        return "functionalization is disabled"
     if not layout.is_trivial:
         return "duplicated inputs"
     if not torch.is_grad_enabled():
@@ -111,6 +113,8 @@ def native_blocker(meta: ViewAndMutationMeta, cfg: AOTConfig, layout: InputLayou
     Mutation and aliasing programs, and exports, keep torch's exact graph text (view
     replay numbers its nodes differently on the native path).
     """
+    if cfg.disable_functionalization:  # See Note [Tracing without functionalization]
+        return "functionalization is disabled"
     if not meta.native_functionalization_ok:
         return meta.native_functionalization_blocker or "the metadata pass ran a Python-mode op"
     if cfg.is_export:

@@ -62,6 +62,7 @@ from ._saved_detaches import (
     tag_forward_and_backward,
 )
 from ._subclass import SubclassLayer
+from ._unfunctionalized import trace_inference_unfunctionalized, trace_joint_unfunctionalized
 
 FlatFn = Callable[..., Sequence[Any]]
 
@@ -126,6 +127,8 @@ def trace_inference(
     meta: ViewAndMutationMeta,
     decompositions: DecompositionTable,
     subclasses: SubclassLayer | None = None,
+    *,
+    functionalize: bool = True,
 ) -> torch.fx.GraphModule:
     """Trace the inference graph: ``args -> forward returns`` (no saved values), with the
     effect tokens first on both sides when the program has effectful ops (See Note
@@ -134,6 +137,8 @@ def trace_inference(
     With ``subclasses``, the graph takes and returns the inner tensors of the subclass
     inputs and returns (See Note [Tensor subclasses are desugared] in aotkit_schemas).
     """
+    if not functionalize:  # See Note [Tracing without functionalization]
+        return trace_inference_unfunctionalized(flat_fn, fake_args, meta, decompositions, subclasses)
     in_graph = meta.mutated_inp_in_graph_indices
     n_tokens = num_tokens(meta)
 
@@ -185,6 +190,7 @@ def trace_joint(
     *,
     native: bool = False,
     subclasses: SubclassLayer | None = None,
+    functionalize: bool = True,
 ) -> tuple[torch.fx.GraphModule, list[Any]]:
     """Trace ``joint(primals, tangents) -> (*forward_returns, *input_grads)``; with
     effectful ops, ``primals`` start with the forward's tokens, the forward returns start
@@ -199,6 +205,8 @@ def trace_joint(
     (See Note [Native functionalization]) and falls back to torch's Python mode when that
     fails or leaves an op the Python mode would have rewritten.
     """
+    if not functionalize:  # See Note [Tracing without functionalization]
+        return trace_joint_unfunctionalized(flat_fn, fake_args, meta, decompositions, subclasses)
     if subclasses is not None or not native:
         return _trace_joint(
             flat_fn, fake_args, meta, decompositions, native=False, subclasses=subclasses

@@ -209,14 +209,14 @@ def aot_function(
     the partitioned forward and backward graphs, ``inference_compiler`` (default
     ``fw_compiler``) the single graph traced when no gradient is needed.
 
-    ``disable_functionalization`` and ``_disable_torch_fn_metadata_mode`` are accepted for
-    signature compatibility with torch; aotkit always functionalizes (a functional graph is
-    correct for every program, and every graph a compiler receives is functional).
+    ``disable_functionalization=True`` traces as torch does then: in-place ops stay in the
+    graphs where they ran (See Note [Tracing without functionalization] in aotkit_capture).
+    ``_disable_torch_fn_metadata_mode`` is accepted for signature compatibility with torch.
     """
     cfg = make_config(
         fw_compiler, bw_compiler, partition_fn, decompositions, num_params_buffers,
         keep_inference_input_mutations, inference_compiler, dynamic=dynamic,
-        enable_log=enable_log,
+        enable_log=enable_log, disable_functionalization=disable_functionalization,
     )
     cache = CompiledCache(fn, cfg)
 

@@ -167,8 +167,8 @@ def aot_module_simplified(
     ``ignore_shape_env=True`` compiles for static shapes even when the fake inputs carry a
     ShapeEnv. Accepted for compatibility and ignored: ``compiler_config_extra`` and
     ``compile_region_name`` (torch's compile cache and logging), ``cudagraphs`` (older
-    torch; aotkit has no CUDA-graph support) and ``disable_functionalization`` (aotkit
-    always functionalizes).
+    torch; aotkit has no CUDA-graph support). ``disable_functionalization=True`` leaves
+    in-place ops in the graphs, as torch (See Note [Tracing without functionalization]).
 
     ``forward`` also exposes the module's ``zero_grad``, ``named_parameters`` and
     ``named_buffers``. Like torch, it raises AssertionError when called with inputs that
@@ -177,7 +177,7 @@ def aot_module_simplified(
     when the traced joint graph holds a fake tensor constant; see Note [Runtime checks of
     aot_module_simplified].
     """
-    del compiler_config_extra, compile_region_name, cudagraphs, disable_functionalization
+    del compiler_config_extra, compile_region_name, cudagraphs
     if pre_grad_passes is not None and isinstance(mod, torch.fx.GraphModule):
         mod = pre_grad_passes(mod, args)
     named = {
@@ -197,6 +197,7 @@ def aot_module_simplified(
         dynamic=not ignore_shape_env and _has_symbolic_fake_inputs(full_args),
         aot_autograd_arg_pos_to_source=sources,
         static_input_indices=static_indices,
+        disable_functionalization=disable_functionalization,
     )
     outputs = OutputLayout()
     num_params = len(params_flat)

@@ -49,10 +49,25 @@ def _apply_input_mutation(
             # (``x.detach().mul_(2)``, ``x.data.add_(1)``, ``no_grad``): hide this one too.
             original.detach().copy_(updated)
         elif hidden or not original.requires_grad and not updated.requires_grad:
+            if _same_memory(original, updated):
+                # a graph traced without functionalization wrote the input itself: copying
+                # it onto itself would only bump its version (and fail a backward that saved
+                # it). See Note [Tracing without functionalization] in aotkit_capture.
+                return
             with torch.no_grad():
                 original.copy_(updated)
         else:
             original.copy_(updated)
+
+
+def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+        and a.storage_offset() == b.storage_offset()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+        and a.dtype == b.dtype
+    )
 
 
 def needs_epilogue(meta: ViewAndMutationMeta) -> bool:

@@ -29,6 +29,9 @@ class AOTConfig:
     inference_compiler: Callable[..., Any] | None = None
     enable_log: bool = True
     pre_dispatch: bool = False
+    # trace with in-place ops left in the graphs (See Note [Tracing without
+    # functionalization] in aotkit_capture)
+    disable_functionalization: bool = False
     cache_key: str | None = None
     # free-form notes a frontend wants to carry (e.g. dynamo metadata)
     extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,126 @@
+"""Tracing without functionalization: ``disable_functionalization=True``.
+
+# Note [Tracing without functionalization]
+# torch's AOTAutograd takes ``disable_functionalization=True`` (aot_function,
+# compiled_function, aot_module_simplified) and then traces the joint and the inference
+# graph with plain make_fx, without its functionalization mode: every in-place op the
+# program (or its autograd.Function's backward) runs stays in the graph as that op
+# (``_foreach_mul_``, ``sin_``, the clone autograd makes of a value an in-place op
+# overwrites but its backward reads), where it ran, forward or backward. It is an opt-in
+# for compilers that handle mutation themselves; aotkit gives the same graphs:
+#   * the metadata pass still runs functionalized (what is mutated, what aliases what);
+#   * the forward ends at the last node the forward recorded; everything after it is the
+#     backward's, so a backward's write to a saved activation is in the backward graph;
+#   * an input mutation that may stay in the graph (Note [Input mutations kept in the
+#     training graph]) is the op the program ran on the input itself, not a ``copy_`` at
+#     the end; one the runtime applies gets the input's value after the call as its
+#     forward return (the runtime's copy is then a copy onto itself, or, for an input that
+#     requires grad and was cloned first, the write back);
+#   * the partitioner keeps every mutating op (an op with a mutable schema is a side
+#     effect) in the graph that ran it.
+# Not supported, with an error naming the cause: tensor-subclass inputs and effectful ops
+# (the effect tokens come from functionalization), as torch drops both on this path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from aotkit_schemas import DecompositionTable, ViewAndMutationMeta
+from torch.fx._lazy_graph_module import _use_lazy_graph_module
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY, BACKWARD_TAG
+from ._errors import AOTCompileError
+from ._saved_detaches import tag_forward_and_backward
+
+
+def _check_supported(meta: ViewAndMutationMeta, subclasses: Any) -> None:
+    if subclasses is not None:
+        raise AOTCompileError(
+            "disable_functionalization=True is not supported with tensor subclass inputs "
+            "(their desugaring relies on functionalization). Remedy: leave "
+            "disable_functionalization at False. See Note [Tracing without functionalization]."
+        )
+    if meta.tokens:
+        raise AOTCompileError(
+            "disable_functionalization=True is not supported for programs with effectful "
+            "ops (their ordering tokens come from functionalization). Remedy: leave "
+            "disable_functionalization at False. See Note [Tracing without functionalization]."
+        )
+
+
+def trace_joint_unfunctionalized(
+    flat_fn: Any,
+    fake_args: Sequence[Any],
+    meta: ViewAndMutationMeta,
+    decompositions: DecompositionTable,
+    subclasses: Any = None,
+) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """The joint ``(primals, tangents) -> (*forward returns, *input grads)`` with the
+    program's mutations left in place. See Note [Tracing without functionalization]."""
+    from ._trace import STALE_TANGENTS_KEY, _forward_returns, last_graph_node, primal_grads
+
+    _check_supported(meta, subclasses)
+    forward_end: list[torch.fx.Node] = []
+    stale: dict[int, str] = {}
+
+    def joint(primals: list[Any], tangents: list[Any]) -> list[Any]:
+        with torch.enable_grad():
+            returns, _ = _forward_returns(flat_fn, list(primals), meta, for_autograd=True)
+            forward_end.append(last_graph_node())
+            outs_and_tangents = [
+                (k, returns[pos], tangents[k])
+                for k, pos in enumerate(meta.tangent_indices)
+                if isinstance(returns[pos], torch.Tensor) and returns[pos].requires_grad
+            ]
+            grads, failed = primal_grads(outs_and_tangents, primals)
+        stale.update(failed)
+        return [*returns, *grads]
+
+    primals = list(fake_args)
+    tangents = list(meta.traced_tangents)
+    with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
+        gm = make_fx(joint, decomposition_table=decompositions)(primals, tangents)
+    _pin_backward_mutations(forward_end[0])
+    tag_forward_and_backward(gm.graph, forward_end[0])
+    gm.meta[STALE_TANGENTS_KEY] = stale
+    gm.meta[BACKWARD_MUTATED_INPUTS_KEY] = ()
+    return gm, [primals, tangents]
+
+
+def _pin_backward_mutations(forward_end: torch.fx.Node) -> None:
+    """A mutating op the backward ran (on a saved activation, say) stays in the backward
+    graph even though nothing reads its result."""
+    node = forward_end.next
+    while node.op != "root":
+        target = node.target
+        if isinstance(target, torch._ops.OpOverload) and target._schema.is_mutable:
+            node.meta["partitioner_tag"] = BACKWARD_TAG
+        node = node.next
+
+
+def trace_inference_unfunctionalized(
+    flat_fn: Any,
+    fake_args: Sequence[Any],
+    meta: ViewAndMutationMeta,
+    decompositions: DecompositionTable,
+    subclasses: Any = None,
+) -> torch.fx.GraphModule:
+    """The inference graph ``args -> forward returns`` with the program's mutations left in
+    place. See Note [Tracing without functionalization]."""
+    from ._trace import _forward_returns
+
+    _check_supported(meta, subclasses)
+
+    def inference(*args: Any) -> tuple[Any, ...]:
+        returns, _ = _forward_returns(flat_fn, list(args), meta, for_autograd=False)
+        return tuple(returns)
+
+    gm = make_fx(inference, decomposition_table=decompositions)(*fake_args)
+    gm.graph.eliminate_dead_code()  # mutating ops are impure: they stay
+    gm.recompile()
+    return gm
