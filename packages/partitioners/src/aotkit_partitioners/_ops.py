@@ -7,8 +7,10 @@
 # * never: primal inputs, random ops (a second draw differs; but see below), ops with side effects,
 #   compute-heavy ops (matmuls, convolutions, attention), ops outside the allowlist below
 #   (softmax, normalisations, ...), reductions whose output is 4x smaller than their inputs
-#   (the output is cheap to save, the input expensive to keep), and any op that reads a
-#   tensor some op mutates (a recomputation would read the mutated value);
+#   (the output is cheap to save, the input expensive to keep), any op that reads a
+#   tensor some op mutates (a recomputation would read the mutated value), and, in the
+#   min-cut, a value a backward reader cannot fuse (See Note [Values the backward must
+#   materialize]);
 # * allowed: pointwise ops, views, getitem, symbolic-size arithmetic, factory ops and a short
 #   list of cheap data movement and reductions.
 # * sizes: a size query the forward makes (``sym_size(x, 0)``, ``sym_stride``, ``sym_numel``)
