@@ -61,7 +61,7 @@ def _apply_input_mutation(
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return (
+    return bool(
         a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
         and a.storage_offset() == b.storage_offset()
         and a.shape == b.shape
