@@ -59,7 +59,7 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
     )
 
 
-class EagerLayoutMode(FunctionalTensorMode):
+class EagerLayoutMode(FunctionalTensorMode):  # type: ignore[no-untyped-call]
     """A FunctionalTensorMode that checks every view op against eager's layout.
 
     See Note [Views see eager's layouts].
@@ -70,7 +70,7 @@ class EagerLayoutMode(FunctionalTensorMode):
         self._shadows: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
 
     def _shadow(self, t: FunctionalTensor) -> torch.Tensor | None:
-        got = self._shadows.get(t)
+        got = self._shadows.get(t)  # type: ignore[no-untyped-call]
         if got is not None:
             return got  # type: ignore[no-any-return]
         with _disable_current_modes():
@@ -125,7 +125,7 @@ class EagerLayoutMode(FunctionalTensorMode):
             if shadow is not None and isinstance(shadow_out, torch.Tensor):
                 self._shadows[src] = shadow
             else:
-                self._shadows.pop(src, None)
+                self._shadows.pop(src, None)  # type: ignore[no-untyped-call]
         elif isinstance(out, FunctionalTensor) and isinstance(shadow_out, torch.Tensor):
             self._shadows[out] = shadow_out
         elif isinstance(out, (list, tuple)) and isinstance(shadow_out, (list, tuple)):
