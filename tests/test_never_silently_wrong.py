@@ -280,3 +280,18 @@ def test_view_eager_would_copy_after_a_mutation_raises_naming_the_fix() -> None:
     assert "eager's size (2, 3), stride (4, 1)" in str(info.value)
     x = _sliced(False).contiguous()
     torch.testing.assert_close(aot_function(f, nop)(x.clone()), f(x.clone()))
+
+
+def test_write_into_an_expanded_input_raises_before_touching_it() -> None:
+    # See Note [Writes into an input whose elements share memory] (fuzzer seed 2)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x[:1].add_(1.5)
+        return x * 2
+
+    x = torch.ones(1).expand(4)
+    with pytest.raises(RuntimeError, match="whose elements share memory") as info:
+        aot_function(f, nop)(x)
+    assert "x.contiguous() or x.clone()" in str(info.value)
+    assert torch.equal(x, torch.ones(4))
+    y = torch.ones(4)
+    torch.testing.assert_close(aot_function(f, nop)(y.clone()), f(y.clone()))
