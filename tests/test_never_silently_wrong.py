@@ -201,3 +201,97 @@ def test_captured_module_parameters_in_aot_module_forward() -> None:
     text = str(info.value)
     assert "global 'W_GLOBAL'" in text
     assert "lin.weight" not in text  # the module's own parameters are inputs
+
+
+# ---- views of a mutated non-contiguous input (fuzzer seeds 1 and 2) --------------------
+# See Note [Views see eager's layouts] in aotkit_functional and Note [Fresh inputs keep
+# their strides] in aotkit_capture.
+
+
+def _sliced(requires_grad: bool) -> torch.Tensor:
+    torch.manual_seed(0)
+    base = torch.randn(3, 4, requires_grad=requires_grad)
+    return (base.clone() if requires_grad else base.clone())[1:, 1:]  # stride (4, 1), offset 5
+
+
+def _mutate_then_view(x: torch.Tensor) -> torch.Tensor:
+    x.add_(1.5)
+    x.reshape(3, -1)  # a copy in eager (and now in the trace)
+    x.view(3, -1)  # eager raises: the rows of x are not adjacent in memory
+    return x * 2
+
+
+@pytest.mark.parametrize("requires_grad", [False, True])
+def test_invalid_view_of_a_mutated_sliced_input_raises_as_eager(requires_grad: bool) -> None:
+    with pytest.raises(RuntimeError, match="view size is not compatible") as eager:
+        _mutate_then_view(_sliced(requires_grad))
+    x = _sliced(requires_grad)
+    before = x.detach().clone()
+    with pytest.raises(RuntimeError) as got:
+        aot_function(_mutate_then_view, nop)(x)
+    assert str(got.value) == str(eager.value)
+    assert torch.equal(x.detach(), before)  # raised at compile time: nothing half-done
+
+
+def _mutate_then_reshape(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x.add_(1.5)
+    a = x.reshape(2, -1)
+    b = a.reshape(6, -1)
+    return b.reshape(2, -1), b
+
+
+def test_reshape_of_a_mutated_sliced_input_that_requires_grad_copies_as_eager() -> None:
+    # The joint trace runs on a clone of the input (autograd needs the value before the
+    # mutation); a plain ``clone()`` made the sliced input contiguous, reshape traced as a
+    # view of it, and the joint's backward failed to broadcast (2, 6) into (2, 3, 2).
+    def make() -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)
+        leaf = torch.randn(3, 4, 3, requires_grad=True)
+        return leaf, leaf.clone()[1:, 1:, 1:]
+
+    leaf_e, x_e = make()
+    expected = _mutate_then_reshape(x_e)
+    (expected[0].sum() + expected[1].sum()).backward()
+    leaf_g, x_g = make()
+    got = aot_function(_mutate_then_reshape, nop)(x_g)
+    (got[0].sum() + got[1].sum()).backward()
+    for e, g in zip(expected, got, strict=True):
+        torch.testing.assert_close(g, e)
+        assert (g.stride(), g.storage_offset(), g._is_view()) == (
+            e.stride(), e.storage_offset(), e._is_view()
+        )
+        assert g.untyped_storage().data_ptr() != x_g.untyped_storage().data_ptr()  # copies
+    torch.testing.assert_close(x_g, x_e)
+    assert leaf_e.grad is not None and leaf_g.grad is not None
+    torch.testing.assert_close(leaf_g.grad, leaf_e.grad)
+
+
+def test_view_eager_would_copy_after_a_mutation_raises_naming_the_fix() -> None:
+    # Known limitation: a view of the mutated sliced input has the functional value's
+    # (contiguous) strides in the trace, so ``reshape`` on it traces as a view where eager
+    # copies. aotkit raises rather than return the trace's aliasing.
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1.5)
+        return x.view(2, 3).reshape(-1)
+
+    f(_sliced(False))  # eager copies
+    with pytest.raises(RuntimeError, match=r"Call \.contiguous\(\) on the input") as info:
+        aot_function(f, nop)(_sliced(False))
+    assert "eager's size (2, 3), stride (4, 1)" in str(info.value)
+    x = _sliced(False).contiguous()
+    torch.testing.assert_close(aot_function(f, nop)(x.clone()), f(x.clone()))
+
+
+def test_write_into_an_expanded_input_raises_before_touching_it() -> None:
+    # See Note [Writes into an input whose elements share memory] (fuzzer seed 2)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x[:1].add_(1.5)
+        return x * 2
+
+    x = torch.ones(1).expand(4)
+    with pytest.raises(RuntimeError, match="whose elements share memory") as info:
+        aot_function(f, nop)(x)
+    assert "x.contiguous() or x.clone()" in str(info.value)
+    assert torch.equal(x, torch.ones(4))
+    y = torch.ones(4)
+    torch.testing.assert_close(aot_function(f, nop)(y.clone()), f(y.clone()))

@@ -216,6 +216,23 @@ def fill_through_expanded_view(x):
     return x * 1
 
 
+@case(
+    inputs=lambda: (rand(1).expand(4),),
+    torch_differs=TorchDiffers(
+        "raises at run time: copy_ into the caller's overlapping tensor", raises=True
+    ),
+    aotkit_bug=(
+        "a write through a non-overlapping view of an input whose elements share memory "
+        "(an expanded input): eager shows it in every element, a functional graph cannot "
+        "express that, so aotkit raises a clear error at trace time (See Note [Writes "
+        "into an input whose elements share memory])"
+    ),
+)
+def write_into_expanded_input_through_a_slice(x):
+    x[:1].add_(1.5)
+    return x * 2
+
+
 # ---- metadata mutations ----------------------------------------------------------------
 
 

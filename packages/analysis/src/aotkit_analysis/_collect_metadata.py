@@ -20,6 +20,7 @@ from aotkit_functional import (
     from_functional,
     functionalized,
     has_data_mutation,
+    has_internal_overlap,
     has_metadata_mutation,
     has_storage_mutation,
     is_multi_output_view,
@@ -121,6 +122,38 @@ def _check_storage_mutation(info: InputAliasInfo) -> None:
     )
 
 
+def _check_no_overlapping_input_mutated(
+    flat_args: Sequence[Any], input_info: Sequence[InputAliasInfo]
+) -> None:
+    """See Note [Writes into an input whose elements share memory]."""
+    for i, (a, info) in enumerate(zip(flat_args, input_info, strict=True)):
+        if not (isinstance(a, torch.Tensor) and info.mutates_data):
+            continue
+        if is_traceable_wrapper_subclass(a) or not has_internal_overlap(a):
+            continue
+        raise RuntimeError(
+            f"aotkit: the function writes into input {i} (shape {tuple(a.shape)}, stride "
+            f"{a.stride()}), whose elements share memory (stride 0 in a dimension of size "
+            "> 1: an expanded tensor). In eager the write shows in every element that "
+            "shares the location; a functional graph cannot express that, so aotkit does "
+            "not compile it. Pass a tensor with memory of its own (x.contiguous() or "
+            "x.clone()) instead. See Note [Writes into an input whose elements share "
+            "memory] in aotkit_analysis."
+        )
+
+
+# Note [Writes into an input whose elements share memory]
+# An input with internal overlap (``torch.randn(1).expand(4)``) can still be written
+# through a view that does not overlap (``x[:1].add_(1)``); eager then shows the new value
+# in all four elements, because they are one memory location. Functionalization treats
+# the input's elements as independent (the updated input would be ``[a + 1, a, a, a]``),
+# so every later read of the input in the graph, and the write-back into the caller's
+# tensor (``copy_`` into overlapping memory, which eager rejects), would be wrong. Direct
+# in-place ops on such a tensor raise eager's own error (See Note [In-place errors eager
+# raises and functionalization hides]); a write that eager allows raises this clear
+# error at trace time, before the caller's tensors are touched.
+
+
 def _tangent_like(t: torch.Tensor) -> torch.Tensor:
     """A fresh contiguous tensor with ``t``'s shape, dtype and device (never an alias).
 
@@ -201,6 +234,7 @@ def collect_metadata(
             input_alias_info(a, fa, keep_input_mutations=keep_input_mutations)
             for a, fa in zip(flat_args, f_args, strict=True)
         ]
+        _check_no_overlapping_input_mutated(flat_args, input_info)
         output_info, intermediate_bases = _classify_outputs(f_args, f_outs)
         output_info = _with_view_chains(output_info, f_outs, input_info)
 

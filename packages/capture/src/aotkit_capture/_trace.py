@@ -78,10 +78,34 @@ def _fresh_input(arg: Any, info: InputAliasInfo) -> Any:
     if not isinstance(arg, torch.Tensor):
         return arg
     if info.mutates_data and info.requires_grad:
-        return arg.clone()
+        return _clone_keeping_strides(arg)
     if info.mutates_metadata:
         return arg.view(arg.shape)
     return arg
+
+
+def _clone_keeping_strides(arg: torch.Tensor) -> torch.Tensor:
+    """A clone of ``arg`` with ``arg``'s strides. See Note [Fresh inputs keep their strides]."""
+    out = arg.clone()
+    strides = arg.stride()
+    if any(isinstance(s, torch.SymInt) for s in strides) or out.stride() == strides:
+        return out
+    if any(st == 0 and n > 1 for n, st in zip(arg.size(), strides, strict=True)):
+        return out  # overlapping memory cannot be written (eager rejects the mutation too)
+    fresh = arg.new_empty_strided(arg.size(), strides)
+    return fresh.copy_(arg)
+
+
+# Note [Fresh inputs keep their strides]
+# The function runs on the fresh clone of a data-mutated input that requires grad (see
+# ``_fresh_input``), so every view op in the trace sees the clone's layout. ``clone()``
+# keeps the strides of a dense input only: a sliced, stepped or expanded input would come
+# out contiguous, and then ``reshape`` would trace as a view where eager copies (changing
+# which outputs alias the input and how autograd flows through them), and ``view`` would
+# succeed where eager raises "view size is not compatible with input tensor's size and
+# stride". Such an input is cloned into memory with its own strides (``empty_strided`` +
+# ``copy_``), so the trace sees eager's layout. (torch clones with ``clone()``.) Symbolic
+# strides keep ``clone()``: comparing them would add guards.
 
 
 def _forward_returns(

@@ -16,6 +16,7 @@ from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTens
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from . import _bindings
+from ._eager_layouts import EagerLayoutMode
 
 
 @contextlib.contextmanager
@@ -34,7 +35,7 @@ def functionalized(
     exclude = torch._C._ExcludeDispatchKeyGuard(
         torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
     )
-    mode = FunctionalTensorMode(
+    mode = EagerLayoutMode(  # See Note [Views see eager's layouts]
         _allow_token_discovery=allow_token_discovery,
         _keep_input_mutations=keep_input_mutations,
     )
