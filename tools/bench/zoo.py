@@ -40,6 +40,7 @@ Usage:
   uv run --group bench python tools/bench/zoo.py --quick --models gpt2,resnet18
   uv run --group bench python tools/bench/zoo.py --profile --backends eager --models bert
   uv run --group bench python tools/bench/zoo.py --json zoo.json
+  uv run --group bench python tools/bench/zoo.py --clock cpu ...    # on a shared machine
 Benchmarks are not tests: the exit status is 0 whether targets pass or miss.
 """
 
@@ -72,6 +73,7 @@ from typing import Any  # noqa: E402
 
 import aotkit  # noqa: E402, F401  (registers aotkit_eager and aotkit_inductor)
 import aotkit_frontends  # noqa: E402
+import compare  # noqa: E402
 import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 import torch._dynamo.backends.common as dynamo_common  # noqa: E402
@@ -270,12 +272,12 @@ class AotClock:
         self.depth += 1
         if self.depth == 1 and self.profiler is not None:
             self.profiler.enable()
-        t0 = time.perf_counter()
+        t0 = clock()
         try:
             yield
         finally:
             if self.depth == 1:
-                self.outer += time.perf_counter() - t0
+                self.outer += clock() - t0
                 if self.profiler is not None:
                     self.profiler.disable()
             self.depth -= 1
@@ -288,18 +290,25 @@ class AotClock:
             return
         if self.profiler is not None:
             self.profiler.disable()
-        t0 = time.perf_counter()
+        t0 = clock()
         saved, self.depth = self.depth, 0  # a compiler's own backend calls are its own
         try:
             yield
         finally:
             self.depth = saved
-            self.compilers += time.perf_counter() - t0
+            self.compilers += clock() - t0
             if self.profiler is not None:
                 self.profiler.enable()
 
 
 CLOCK = AotClock()
+
+# time.perf_counter (wall) by default; --clock cpu switches to time.process_time (this
+# process's CPU time, which on a machine shared with other jobs does not count the time
+# spent descheduled), for the AOT-layer and first-step clocks, the steady-step loops
+# (compare.py's clock) and the profiler
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+clock: Callable[[], float] = time.perf_counter
 
 
 def timed_compiler(compiler: Any) -> Any:
@@ -533,9 +542,9 @@ def first_step(name: str, backend: Callable[..., Any] | str) -> tuple[float, flo
     t = make_trainer(name, backend)
     gc.collect()
     CLOCK.reset()
-    t0 = time.perf_counter()
+    t0 = clock()
     t.step()
-    elapsed = time.perf_counter() - t0
+    elapsed = clock() - t0
     return elapsed, CLOCK.aot_seconds
 
 
@@ -618,8 +627,9 @@ def bench_pair(
     reps = s.first_reps_eager if pair == "eager" else s.first_reps_inductor
     for impl in (ours, theirs):
         res.first[impl], res.aot[impl] = [], []
-    for _ in range(reps):
-        for impl in (ours, theirs):
+    for rep in range(reps):
+        # the order alternates, so that neither contender always runs right after the other
+        for impl in (ours, theirs) if rep % 2 == 0 else (theirs, ours):
             f, a = first_step(name, backends[impl])
             res.first[impl].append(f)
             res.aot[impl].append(a)
@@ -631,7 +641,7 @@ def bench_pair(
 
 def profile_aot_layer(name: str, backend: Callable[..., Any] | str, top: int) -> str:
     """cProfile of the AOT layer alone (compilers excluded) during one fresh first step."""
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(clock)
     CLOCK.profiler = prof
     try:
         first_step(name, backend)
@@ -639,10 +649,36 @@ def profile_aot_layer(name: str, backend: Callable[..., Any] | str, top: int) ->
         CLOCK.profiler = None
     out = io.StringIO()
     stats = pstats.Stats(prof, stream=out)
+    out.write(own_time_split(stats) + "\n\n")
     stats.sort_stats("cumulative").print_stats(top)
     out.write("\n--- by own time ---\n")
     stats.sort_stats("tottime").print_stats(top)
     return out.getvalue()
+
+
+def own_time_split(stats: pstats.Stats) -> str:
+    """The profile's own time by where the code lives: each aotkit package, each top-level
+    part of torch (``torch/_subclasses`` is the fake tensors, ``torch/fx`` make_fx's
+    proxies and graphs, ``torch/utils`` pytree and the dispatch-mode machinery), builtins
+    (C functions, the ATen ops and the autograd engine among them) and the rest."""
+    own: dict[str, float] = {}
+    for (filename, _, _), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+        if "/packages/" in filename:
+            where = "aotkit_" + filename.split("/packages/")[1].split("/")[0]
+        elif "/torch/" in filename:
+            rest = filename.split("/torch/")[-1]
+            where = "torch/" + rest.split("/")[0]
+        elif filename == "~":
+            where = "builtins"
+        else:
+            where = "other (stdlib, ...)"
+        own[where] = own.get(where, 0.0) + tottime
+    total = sum(own.values()) or 1.0
+    ours = sum(v for k, v in own.items() if k.startswith("aotkit_"))
+    rows = [f"own time by location (aotkit's packages together: {ours / total:.1%}):"]
+    for where, t in sorted(own.items(), key=lambda kv: -kv[1])[:12]:
+        rows.append(f"  {t * 1e3:8.1f} ms {t / total:6.1%}  {where}")
+    return "\n".join(rows)
 
 
 # --------------------------------------------------------------------------------------
@@ -707,6 +743,7 @@ def write_json(path: str, s: Settings, results: Sequence[PairResult]) -> None:
         json.dump(
             {
                 "torch": torch.__version__,
+                "clock": "cpu" if clock is time.process_time else "wall",
                 "settings": s.__dict__,
                 "results": [{k: v for k, v in r.__dict__.items() if k != "profile"} for r in results],
                 "targets": [
@@ -770,7 +807,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="print the top frames of aotkit's AOT layer per model")
     ap.add_argument("--top", type=int, default=25, help="frames per profile (with --profile)")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
+    ap.add_argument(
+        "--clock", choices=sorted(CLOCKS), default="wall",
+        help="wall (time.perf_counter, default) or cpu (time.process_time: this process only)",
+    )
     args = ap.parse_args(argv)
+    global clock
+    clock = compare.clock = CLOCKS[args.clock]
     names = [m for m in args.models.split(",") if m]
     unknown = [m for m in names if m not in MODELS]
     if unknown:
@@ -793,7 +836,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"torch {torch.__version__}, threads={torch.get_num_threads()}, "
-        f"{'quick' if args.quick else 'full'} run, load average at start {load:.2f}, "
+        f"{'quick' if args.quick else 'full'} run, clock={args.clock}, "
+        f"load average at start {load:.2f}, "
         f"path hook {'on' if _record_compilations is not None else 'n/a'}"
     )
     results: list[PairResult] = []
