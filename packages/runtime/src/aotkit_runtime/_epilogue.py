@@ -61,6 +61,12 @@ def _apply_input_mutation(
 
 
 def _same_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are plain tensors viewing the same elements the same way
+    (a subclass's or a storage-less tensor's memory is never compared)."""
+    if type(a) is not torch.Tensor or type(b) is not torch.Tensor or a.is_meta or b.is_meta:
+        return False
+    if a.layout is not torch.strided or b.layout is not torch.strided:
+        return False
     return bool(
         a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
         and a.storage_offset() == b.storage_offset()
