@@ -16,6 +16,7 @@ import aotkit
 import functorch.compile as torch_compile
 import pytest
 import torch
+from _subclasses import WrapperTensor
 from test_subclass_layer import Graphs, _recording, assert_plain_graphs, assert_same
 from torch.testing._internal.two_tensor import TwoTensor
 
@@ -31,6 +32,18 @@ class ToTwo(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
         return g.a * 2 + g.b  # type: ignore[attr-defined,no-any-return]
+
+
+class ToWrapper(torch.autograd.Function):
+    """The same for a one-tensor wrapper with its own ``__torch_dispatch__``."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return WrapperTensor(x * 3)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g.elem * 3  # type: ignore[attr-defined,no-any-return]
 
 
 def _plain(*shape: int) -> torch.Tensor:
@@ -60,6 +73,16 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[int], list[Any]]]] = {
     # a view of the created subclass (its outer size is a product of inner symbols)
     "flattening_view": (lambda x: (ToTwo.apply(x) * 2).view(-1), lambda n: [_plain(n, 3)]),
     "matmul": (lambda x, w: (ToTwo.apply(x) @ w).relu(), lambda n: [_plain(n, 3), _plain(3, 4)]),
+    "wrapper": (
+        lambda x, w: (ToWrapper.apply(x) @ w).tanh(),
+        lambda n: [_plain(n, 3), _plain(3, 2)],
+    ),
+    "nested": (
+        lambda x: TwoTensor(ToTwo.apply(x), ToTwo.apply(x * 2)).sin(),
+        lambda n: [_plain(n)],
+    ),
+    # the same created subclass returned twice (an output and a view-free use of it)
+    "returned_twice": (lambda x: (lambda t: (t, t * 2))(ToTwo.apply(x)), lambda n: [_plain(n)]),
 }
 
 

@@ -334,7 +334,7 @@ def _compile_two_pass(
     else:
         call = _compile_inference(traced_fn, fake, meta, cfg, artifacts, subclasses=layer)
     if layer is not None:
-        artifacts.meta = layer.with_metas(meta)
+        artifacts.meta = layer.with_metas(artifacts.meta)
     return call, artifacts, meta, layout, fake, relative
 
 

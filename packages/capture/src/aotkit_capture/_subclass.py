@@ -113,18 +113,19 @@ class SubclassLayer:
 
     def desugar_forward(
         self, fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any]
-    ) -> tuple[Callable[..., list[Any]], list[Any]]:
+    ) -> tuple[Callable[..., tuple[Any, ...]], list[Any]]:
         """``fn(*tokens, *values) -> (*tokens, *returns)`` as ``fn'(*tokens, *flat values)
         -> (*tokens, *flat returns)``, and the flat example inputs; ``fake_args`` start
         with the tokens' (See Note [Effect tokens])."""
         n_tok = self.num_tokens
 
-        def desugared(*flat: Any) -> list[Any]:
+        def desugared(*flat: Any) -> tuple[Any, ...]:
             tokens, flat = flat[:n_tok], flat[n_tok:]
             outs = list(fn(*tokens, *self._rebuild_all(self.inp_metas, flat)))
             returns = self._flatten_returns(outs[n_tok:])
             self._traced = True
-            return [*outs[:n_tok], *returns]
+            # a tuple, as torch's inference graphs return
+            return (*outs[:n_tok], *returns)
 
         return desugared, [*fake_args[:n_tok], *unwrap_subclasses(fake_args[n_tok:])]
 
