@@ -56,6 +56,7 @@ from aotkit_schemas import ViewAndMutationMeta
 from torch._higher_order_ops.effects import with_effects
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 
+
 def num_tokens(meta: ViewAndMutationMeta) -> int:
     """The number of forward token inputs (and outputs)."""
     return len(meta.tokens)
