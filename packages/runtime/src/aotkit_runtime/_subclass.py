@@ -350,8 +350,9 @@ def coerce_tangent(value: Any, meta: SubclassOrPlainMeta) -> Any:
     if coerced is None or not _same_nesting(coerced, meta):
         if expected_type is not torch.Tensor and runtime_type is torch.Tensor:
             hint = (
-                "A plain tensor can't be the gradient of a tensor subclass output; pass "
-                "the gradient in the output's subclass form."
+                "A plain tensor reached the backward as the gradient of a tensor subclass "
+                "output: pass the gradient in the output's subclass form, or call "
+                ".detach() on the outputs you do not differentiate."
             )
         else:
             hint = "Your tensor subclass must implement __coerce_same_metadata_as_tangent__."
