@@ -19,6 +19,7 @@ import aotkit
 import functorch.compile as torch_compile
 import pytest
 import torch
+from aotkit_backends import inductor_available
 from test_effects import LOG, log
 from test_subclass_layer import Graphs, _recording, assert_plain_graphs, assert_same
 from torch.testing._internal.two_tensor import TwoTensor
@@ -136,12 +137,26 @@ def test_backward_token_placeholder_as_torch() -> None:
     assert artifacts.meta.num_backward_tokens == 1
 
 
-@pytest.mark.parametrize("name", ["forward_effect_on_a_subclass", "effects_in_forward_and_backward"])
-def test_effects_in_subclass_programs_through_torch_compile(name: str) -> None:
+@pytest.mark.parametrize(
+    ("name", "backends"),
+    [
+        ("forward_effect_on_a_subclass", ("aotkit_eager", "aot_eager")),
+        ("effects_in_forward_and_backward", ("aotkit_eager", "aot_eager")),
+        # Inductor gets the tokens unlifted (See Note [Unlifted tokens for Inductor])
+        pytest.param(
+            "effects_in_forward_and_backward",
+            ("aotkit_inductor", "inductor"),
+            marks=pytest.mark.skipif(not inductor_available(), reason="no Inductor"),
+        ),
+    ],
+)
+def test_effects_in_subclass_programs_through_torch_compile(
+    name: str, backends: tuple[str, str]
+) -> None:
     fn, make, training = CASES[name]
     aotkit.register_dynamo_backends()
     results = []
-    for backend in (None, "aotkit_eager", "aot_eager"):
+    for backend in (None, *backends):
         torch._dynamo.reset()
         f = fn if backend is None else torch.compile(fn, backend=backend, fullgraph=True)
         torch.manual_seed(0)
