@@ -16,7 +16,7 @@ import aotkit
 import functorch.compile as torch_compile
 import pytest
 import torch
-from _subclasses import WrapperTensor
+from _subclasses import TaggedTensor, WrapperTensor
 from test_subclass_layer import Graphs, _recording, assert_plain_graphs, assert_same
 from torch.testing._internal.two_tensor import TwoTensor
 
@@ -44,6 +44,19 @@ class ToWrapper(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
         return g.elem * 3  # type: ignore[attr-defined,no-any-return]
+
+
+class ToPartial(torch.autograd.Function):
+    """A subclass whose tangent is traced with other metadata than the output's
+    (``__coerce_tangent_metadata__``: "partial" outputs, "replicate" tangents)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return TaggedTensor(x * 2, "partial")
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g.elem * 2  # type: ignore[attr-defined,no-any-return]
 
 
 def _plain(*shape: int) -> torch.Tensor:
@@ -81,6 +94,8 @@ CASES: dict[str, tuple[Callable[..., Any], Callable[[int], list[Any]]]] = {
         lambda x: TwoTensor(ToTwo.apply(x), ToTwo.apply(x * 2)).sin(),
         lambda n: [_plain(n)],
     ),
+    # the traced tangent is "replicate", the runtime one "partial" (coerced back)
+    "coerced_tangent_metadata": (lambda x: ToPartial.apply(x).sin() * 3, lambda n: [_plain(n)]),
     # the same created subclass returned twice (an output and a view-free use of it)
     "returned_twice": (lambda x: (lambda t: (t, t * 2))(ToTwo.apply(x)), lambda n: [_plain(n)]),
 }
@@ -219,3 +234,21 @@ def test_unused_subclass_output_torch_compile_dynamic(name: str) -> None:
     oracle = torch.compile(fn, backend="aot_eager", dynamic=True, fullgraph=True)
     with pytest.raises(RuntimeError, match=r"guessed its\s+metadata incorrectly"):
         _backward_through_the_last(oracle, make(3))
+
+
+def test_tangent_traced_with_coerced_metadata() -> None:
+    """The tangent of a "partial" output is traced as "replicate"
+    (``__coerce_tangent_metadata__``, as torch does); the runtime tangent, "partial", is
+    converted back (``__coerce_same_metadata_as_tangent__``)."""
+    fn, make = CASES["coerced_tangent_metadata"]
+    f = aotkit.aot_function(fn, aotkit.nop)
+    (x,) = make(3)
+    out = f(x)
+    assert out.tag == "partial"
+    (artifacts,) = f._aotkit_cache.artifacts  # type: ignore[attr-defined]
+    (tangent_meta,) = artifacts.meta.subclass_tangent_meta
+    assert tangent_meta.original_subclass_type is TaggedTensor and tangent_meta.meta == "replicate"
+    out.sum().backward()
+    expected = x.detach().clone().requires_grad_()
+    fn(expected).sum().backward()
+    torch.testing.assert_close(x.grad, expected.grad)
