@@ -188,6 +188,16 @@ UNUSED: dict[str, tuple[Callable[..., Any], Callable[[int], list[Any]]]] = {
         lambda x, y: ((ToTwo.apply(x) * 2).view(-1), (y * x).sum(1)),
         lambda n: [_plain(n, 2), _plain(n, 2)],
     ),
+    # inputs that feed only the unused output keep .grad None, as in eager (See Note
+    # [Gradients through unused outputs] in aotkit_runtime)
+    "subclass_input_only_in_the_unused": (
+        lambda x, y: (x * 2, y.sin()),
+        lambda n: [_two(n, 2), _plain(n, 2)],
+    ),
+    "plain_input_only_in_the_unused": (
+        lambda x, y: (ToTwo.apply(x).sin(), y.cos()),
+        lambda n: [_plain(n, 2), _plain(n, 2)],
+    ),
 }
 
 

@@ -22,10 +22,17 @@ from aotkit_runtime import (
     subclass_backward,
     subclass_forward,
 )
-from aotkit_schemas import AOTConfig, PartitionResult, ViewAndMutationMeta
+from aotkit_schemas import (
+    AOTConfig,
+    PartitionResult,
+    SubclassCreationMeta,
+    ViewAndMutationMeta,
+    num_unwrapped,
+)
 
 from ._compiled_calls import _backward_compiler, _no_grad_unless_grad_free
 from ._context import track_graph_compiling
+from ._graph_facts import tangent_dependencies
 from ._subclass import SubclassLayer
 
 
@@ -77,8 +84,30 @@ def subclass_training_call(
         meta=meta,
         num_saved_tensors=partition.num_saved_tensors,
         num_saved_symints=partition.num_saved_symints,
+        tangent_deps=_user_tangent_deps(partition, layer, meta.num_backward_tokens),
         stale_tangents=stale_tangents,
         subclass_zeros=layer.zero_tangents(meta),
     )
     wrapped_fw = subclass_forward(compiled_fw, layer.inp_metas, layer.fw_out_metas)
     return make_autograd_function(wrapped_fw, compile_subclass_backward, plan)
+
+
+def _user_tangent_deps(
+    partition: PartitionResult, layer: SubclassLayer, n_bw_tokens: int
+) -> tuple[frozenset[int], ...] | None:
+    """For every user input's gradient, the user tangents it is computed from: the
+    backward graph's dependencies between its inner tangents and inner gradients, grouped
+    by subclass. See Note [Gradients through unused outputs] in aotkit_runtime."""
+    n_saved = partition.num_saved_symints + partition.num_saved_tensors
+    flat = tangent_dependencies(
+        partition.bw_module, n_saved, num_unwrapped(layer.tangent_metas), n_bw_tokens
+    )
+    if flat is None or len(flat) != num_unwrapped(layer.grad_metas):
+        return None
+    owner = [k for k, m in enumerate(layer.tangent_metas) for _ in range(m.arg_count)]
+    deps: list[frozenset[int]] = []
+    for m in layer.grad_metas:
+        start = m.flat_tensor_start_idx if isinstance(m, SubclassCreationMeta) else m.unwrapped_idx
+        inner = frozenset().union(*flat[start : start + m.arg_count])
+        deps.append(frozenset(owner[t] for t in inner))
+    return tuple(deps)

@@ -252,7 +252,9 @@ def make_wrapper(metas: Sequence[SubclassOrPlainMeta]) -> Wrapper:
 # symbolic shapes the forward records, per call, the shapes of the output's inner tensors
 # (the tangent was traced as contiguous guesses of them) and the outer size and stride
 # are computed from the zeros (See Note [Symbolic outer sizes of subclasses] in
-# aotkit_schemas).
+# aotkit_schemas). An input whose gradient comes only from unused tangents still gets
+# None, as in eager: the Function's ``tangent_deps`` are the backward graph's, grouped by
+# subclass (See Note [Gradients through unused outputs]).
 class SubclassZeros:
     """The zero tangent of one subclass output. See Note [Zero tangents of subclass
     outputs]."""
