@@ -107,7 +107,8 @@ class Int8WeightTensor(torch.Tensor):
 class TaggedTensor(torch.Tensor):
     """A one-tensor wrapper whose ``__tensor_flatten__`` context is a tag: results carry
     the tag of their first TaggedTensor argument. A tangent with another tag converts
-    itself to the traced one (``__coerce_same_metadata_as_tangent__``)."""
+    itself to the traced one (``__coerce_same_metadata_as_tangent__``); the tangent of a
+    "partial" output is traced as "replicate" (``__coerce_tangent_metadata__``)."""
 
     elem: torch.Tensor
     tag: str
@@ -139,6 +140,11 @@ class TaggedTensor(torch.Tensor):
         if expected_type is not None and expected_type is not TaggedTensor:
             return None
         return TaggedTensor(self.elem, expected)
+
+    def __coerce_tangent_metadata__(self) -> Any:
+        # as DTensor traces a Partial output's tangent as Replicate: the tangent of a
+        # "partial" output is traced as "replicate"
+        return TaggedTensor(self.elem, "replicate") if self.tag == "partial" else self
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:

@@ -391,28 +391,6 @@ def test_joint_export_with_effects_raises() -> None:
         aot_export_module(Logged(), (torch.randn(2, 3),), trace_joint=False, pre_dispatch=True)
 
 
-def test_subclass_program_with_effects_raises() -> None:
-    from torch.testing._internal.two_tensor import TwoTensor
-
-    x = TwoTensor(torch.randn(3), torch.randn(3)).requires_grad_(True)
-    with pytest.raises(NotImplementedError, match="effectful ops .* tensor subclass"):
-        aot_function(lambda t: log(t.sin(), "s"), nop)(x)
-    # an effectful op in a custom backward only
-    with pytest.raises(NotImplementedError, match="effectful ops .in the backward"):
-        aot_function(lambda t: LoggedBackwardOnly.apply(t).sin(), nop)(x)
-
-
-class LoggedBackwardOnly(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        return x * 2
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
-        torch.ops.aten._print("backward only")
-        return g * 2
-
-
 @contextlib.contextmanager
 def _silenced() -> Iterator[None]:
     with contextlib.redirect_stdout(io.StringIO()):

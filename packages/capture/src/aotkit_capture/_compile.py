@@ -20,14 +20,8 @@ import torch
 import torch.fx
 from aotkit_analysis import InputLayout, collect_metadata, compute_input_layout
 from aotkit_runtime import (
-    AutogradPlan,
-    as_list_caller,
-    make_autograd_function,
     make_epilogue,
     needs_epilogue,
-    subclass_backward,
-    subclass_forward,
-    unwrap_subclasses,
 )
 from aotkit_schemas import (
     RUNTIME_MUTATED_INPUT_KEY,
@@ -41,22 +35,15 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx._lazy_graph_module import _use_lazy_graph_module
 
-from ._autocast import (
-    autocast_at_compile,
-    preserved_autocast,
-    run_without_autocast,
-    without_autocast_compiling,
-)
+from ._autocast import preserved_autocast, without_autocast_compiling
 from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY
 from ._compiled_calls import (
-    _backward_compiler,
-    _no_grad_unless_grad_free,
     _tracing_context,
     inference_call,
     training_call,
 )
 from ._context import track_graph_compiling
-from ._effects import check_no_subclass_effects, count_backward_tokens, with_backward_tokens
+from ._effects import count_backward_tokens, with_backward_tokens
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._hops import retry_with_shape_env
@@ -66,6 +53,7 @@ from ._paths import describe_failure, native_blocker, notify_compiled, single_pa
 from ._shape_guards import ShapeGuard
 from ._single_pass import trace_single_pass
 from ._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
+from ._subclass_calls import subclass_inference_call, subclass_training_call
 from ._trace import NATIVE_FALLBACK_KEY, STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
 
 Runner = Callable[[list[Any]], Sequence[Any]]
@@ -346,14 +334,13 @@ def _compile_two_pass(
     layer = SubclassLayer.build(fake, meta) if needs_subclass_layer(fake, fw_outs) else None
     if layer is not None:
         check_layer_applies(meta, layer)
-        check_no_subclass_effects(meta)  # See Note [Effect tokens]
         artifacts.subclass_layer = True
     if meta.is_train:
         call = _compile_training(traced_fn, fake, meta, cfg, artifacts, subclasses=layer)
     else:
         call = _compile_inference(traced_fn, fake, meta, cfg, artifacts, subclasses=layer)
     if layer is not None:
-        artifacts.meta = layer.with_metas(meta)
+        artifacts.meta = layer.with_metas(artifacts.meta)
     return call, artifacts, meta, layout, fake, relative
 
 
@@ -439,12 +426,7 @@ def _compile_inference(
     artifacts.inference_module = gm
     if subclasses is None:
         return inference_call(gm, fake, meta, cfg)
-    check_no_subclass_effects(meta)  # See Note [Effect tokens]
-    with track_graph_compiling(cfg, "inference"), without_autocast_compiling():
-        raw = run_without_autocast(compiler(gm, unwrap_subclasses(fake)), autocast_at_compile())
-    # flattening the inputs makes a new list, so a boxed graph may clear it
-    raw = subclass_forward(raw, subclasses.inp_metas, subclasses.fw_out_metas)
-    return _no_grad_unless_grad_free(as_list_caller(raw), fake)
+    return subclass_inference_call(gm, fake, meta, cfg, subclasses)
 
 
 def _lazy_modules(lazy: bool) -> contextlib.AbstractContextManager[None]:
@@ -482,8 +464,6 @@ def _compile_training(
     # See Note [Effect tokens]
     meta = artifacts.meta = with_backward_tokens(meta, count_backward_tokens(joint))
     n_tok = len(meta.tokens)
-    if subclasses is not None:
-        check_no_subclass_effects(meta)
     _mark_runtime_mutated_primals(joint, meta, subclasses, n_tok)
     propagate_mutation_meta(joint.graph)  # See Note [Preserved node meta]
     log_joint(joint, single_pass=artifacts.single_pass)
@@ -491,7 +471,7 @@ def _compile_training(
     n_fwd = meta.num_forward_returns + n_tok
     if subclasses is not None:
         # See Note [Tensor subclasses are desugared] in aotkit_schemas
-        n_fwd = subclasses.num_flat_forward_returns
+        n_fwd = subclasses.num_flat_forward_returns + n_tok
         fake = list(joint_inputs[0])
     lazy = reads_graph_only(cfg.fw_compiler) and reads_graph_only(cfg.bw_compiler)
     with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy), without_autocast_compiling():
@@ -505,30 +485,7 @@ def _compile_training(
         return training_call(
             partition, fake, meta, cfg, artifacts.stale_tangents, artifacts.backward_mutated_inputs
         )
-    with track_graph_compiling(cfg, "forward"), without_autocast_compiling():
-        compiled_fw = run_without_autocast(cfg.fw_compiler(fw_module, fake), autocast_at_compile())
-    compile_backward = _backward_compiler(partition, fake, cfg)
-
-    def compile_subclass_backward() -> Callable[..., Any]:
-        n_saved = partition.num_saved_symints + partition.num_saved_tensors
-        return subclass_backward(
-            compile_backward(),
-            n_saved,
-            subclasses.tangent_metas,
-            subclasses.grad_metas,
-            subclasses.zero_tangents(meta),
-        )
-
-    # the Function works on the user's values; only the compiled calls see the inner
-    # tensors, so the plan's graph-derived facts (positions in the graphs) are not used
-    plan = AutogradPlan(
-        meta=meta,
-        num_saved_tensors=partition.num_saved_tensors,
-        num_saved_symints=partition.num_saved_symints,
-        stale_tangents=artifacts.stale_tangents,
-    )
-    wrapped_fw = subclass_forward(compiled_fw, subclasses.inp_metas, subclasses.fw_out_metas)
-    return make_autograd_function(wrapped_fw, compile_subclass_backward, plan)
+    return subclass_training_call(partition, fake, meta, cfg, subclasses, artifacts.stale_tangents)
 
 
 def _name(fn: Any) -> str:

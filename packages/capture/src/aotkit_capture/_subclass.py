@@ -19,13 +19,12 @@ from typing import Any
 
 import torch
 from aotkit_runtime import (
-    ZeroTangent,
+    SubclassZeros,
     check_rebuildable,
     create_subclass_metas,
     is_subclass,
     rebuild,
     unwrap_subclasses,
-    zero_tangent_maker,
 )
 from aotkit_schemas import (
     SubclassCreationMeta,
@@ -48,6 +47,8 @@ class SubclassLayer:
     inp_metas: tuple[SubclassOrPlainMeta, ...]
     tangent_metas: tuple[SubclassOrPlainMeta, ...]
     num_forward_returns: int
+    # effect tokens lead the graphs' inputs and outputs, plain (See Note [Effect tokens])
+    num_tokens: int = 0
     # recorded by the trace: the forward returns (before saved values) and the gradients
     fw_out_metas: tuple[SubclassOrPlainMeta, ...] = ()
     grad_metas: tuple[SubclassOrPlainMeta, ...] = ()
@@ -62,6 +63,7 @@ class SubclassLayer:
             inp_metas=inp_metas,
             tangent_metas=create_subclass_metas(meta.traced_tangents),
             num_forward_returns=meta.num_forward_returns,
+            num_tokens=len(meta.tokens),
         )
 
     @property
@@ -85,11 +87,15 @@ class SubclassLayer:
             subclass_tangent_meta=self.tangent_metas if meta.is_train else (),
         )
 
-    def zero_tangents(self, meta: ViewAndMutationMeta) -> list[ZeroTangent | None]:
-        return [
-            zero_tangent_maker(t, m)
+    def zero_tangents(self, meta: ViewAndMutationMeta) -> tuple[SubclassZeros | None, ...] | None:
+        """Per tangent, how to build its zero in the traced subclass form; None when no
+        tangent is a subclass. See Note [Zero tangents of subclass outputs] in
+        aotkit_runtime."""
+        zeros = tuple(
+            SubclassZeros.for_tangent(t, m)
             for t, m in zip(meta.traced_tangents, self.tangent_metas, strict=True)
-        ]
+        )
+        return zeros if any(z is not None for z in zeros) else None
 
     def _rebuild_all(self, metas: Sequence[SubclassOrPlainMeta], flat: Sequence[Any]) -> list[Any]:
         return [rebuild(m, flat, mirror_grad=True) for m in metas]
@@ -107,16 +113,21 @@ class SubclassLayer:
 
     def desugar_forward(
         self, fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any]
-    ) -> tuple[Callable[..., list[Any]], list[Any]]:
-        """``fn(*values) -> returns`` as ``fn'(*flat values) -> flat returns``, and the flat
-        example inputs."""
+    ) -> tuple[Callable[..., tuple[Any, ...]], list[Any]]:
+        """``fn(*tokens, *values) -> (*tokens, *returns)`` as ``fn'(*tokens, *flat values)
+        -> (*tokens, *flat returns)``, and the flat example inputs; ``fake_args`` start
+        with the tokens' (See Note [Effect tokens])."""
+        n_tok = self.num_tokens
 
-        def desugared(*flat: Any) -> list[Any]:
-            outs = self._flatten_returns(list(fn(*self._rebuild_all(self.inp_metas, flat))))
+        def desugared(*flat: Any) -> tuple[Any, ...]:
+            tokens, flat = flat[:n_tok], flat[n_tok:]
+            outs = list(fn(*tokens, *self._rebuild_all(self.inp_metas, flat)))
+            returns = self._flatten_returns(outs[n_tok:])
             self._traced = True
-            return outs
+            # a tuple, as torch's inference graphs return
+            return (*outs[:n_tok], *returns)
 
-        return desugared, unwrap_subclasses(fake_args)
+        return desugared, [*fake_args[:n_tok], *unwrap_subclasses(fake_args[n_tok:])]
 
     def desugar_joint(
         self,
@@ -125,22 +136,29 @@ class SubclassLayer:
         tangents: Sequence[Any],
     ) -> tuple[Callable[[list[Any], list[Any]], list[Any]], list[Any], list[Any]]:
         """``joint(primals, tangents) -> (*forward returns, *gradients)`` over the graph
-        values, and the flat example primals and tangents."""
-        n = self.num_forward_returns
+        values, and the flat example primals and tangents. With effect tokens (See Note
+        [Effect tokens]) ``primals`` and the forward returns start with the forward's
+        tokens and the backward's tokens end the outputs; tokens are plain and pass as
+        they are."""
+        n, n_tok = self.num_forward_returns, self.num_tokens
+        n_inputs = len(self.inp_metas)
 
         # named like ``joint``'s parameters: make_fx names the placeholders after them
         # (primals_1, tangents_1), and partitioners read those names
         def desugared(primals: list[Any], tangents: list[Any]) -> list[Any]:
+            tokens = list(primals[:n_tok])
             outs = joint(
-                self._rebuild_all(self.inp_metas, primals),
+                [*tokens, *self._rebuild_all(self.inp_metas, primals[n_tok:])],
                 self._rebuild_all(self.tangent_metas, tangents),
             )
+            out_tokens, outs = outs[:n_tok], outs[n_tok:]
             returns = self._flatten_returns(outs[:n])
-            grads = self._flatten_grads(outs[n:])
+            grads = self._flatten_grads(outs[n : n + n_inputs])
             self._traced = True
-            return [*returns, *grads]
+            return [*out_tokens, *returns, *grads, *outs[n + n_inputs :]]
 
-        return desugared, unwrap_subclasses(primals), unwrap_subclasses(tangents)
+        flat_primals = [*primals[:n_tok], *unwrap_subclasses(primals[n_tok:])]
+        return desugared, flat_primals, unwrap_subclasses(tangents)
 
 
 def _tie_outer_to_inner(fake_args: Sequence[Any]) -> None:

@@ -8,7 +8,7 @@ from ._effects import backward_with_tokens as backward_with_tokens
 from ._effects import forward_with_tokens as forward_with_tokens
 from ._epilogue import make_epilogue as make_epilogue
 from ._epilogue import needs_epilogue as needs_epilogue
-from ._subclass import ZeroTangent as ZeroTangent
+from ._subclass import SubclassZeros as SubclassZeros
 from ._subclass import check_rebuildable as check_rebuildable
 from ._subclass import create_subclass_metas as create_subclass_metas
 from ._subclass import is_subclass as is_subclass
@@ -18,12 +18,11 @@ from ._subclass import rebuild as rebuild
 from ._subclass import subclass_backward as subclass_backward
 from ._subclass import subclass_forward as subclass_forward
 from ._subclass import unwrap_subclasses as unwrap_subclasses
-from ._subclass import zero_tangent_maker as zero_tangent_maker
 
 __all__ = [
     "BACKWARD_MUTATION_CREATE_GRAPH",
     "AutogradPlan",
-    "ZeroTangent",
+    "SubclassZeros",
     "as_list_caller",
     "backward_with_tokens",
     "check_rebuildable",
@@ -39,5 +38,4 @@ __all__ = [
     "subclass_backward",
     "subclass_forward",
     "unwrap_subclasses",
-    "zero_tangent_maker",
 ]

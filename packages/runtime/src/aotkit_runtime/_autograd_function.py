@@ -65,6 +65,7 @@ from aotkit_functional import as_plain_tensor
 from aotkit_schemas import OutputType, ViewAndMutationMeta, stealing_entry, unboxed_entry
 
 from ._call import as_list_caller
+from ._subclass import SubclassZeros
 
 _DOUBLE_BACKWARD_ERROR = (
     "aotkit: the compiled backward of this function is not differentiable twice. "
@@ -127,6 +128,9 @@ class AutogradPlan:
     # inputs that require grad and that the backward graph writes to; a backward that
     # records a graph raises (See Note [Data mutations in the backward] in aotkit_capture)
     backward_mutated_inputs: tuple[int, ...] = ()
+    # per tangent, how to build the zero tangent of an unused subclass output (None: a
+    # plain tangent); See Note [Zero tangents of subclass outputs]
+    subclass_zeros: tuple[SubclassZeros | None, ...] | None = None
 
     def __post_init__(self) -> None:
         assert self.meta.is_train, "an AutogradPlan needs training metadata"
@@ -172,8 +176,10 @@ def make_autograd_function(
     backward_mutated_inputs = plan.backward_mutated_inputs
     bw_holder: list[Callable[[list[Any]], Sequence[Any]]] = []
     tangent_deps = plan.tangent_deps
+    # See Note [Zero tangents of subclass outputs]
+    subclass_zeros = plan.subclass_zeros
     # None (not zeros) for the gradients of unused outputs
-    track_unused = tangent_deps is not None or bool(stale)
+    track_unused = tangent_deps is not None or bool(stale) or subclass_zeros is not None
 
     # See Note [Specialised runtime paths]
     plain_forward = not unsafe_views and not opaque and not non_diff_positions
@@ -188,7 +194,12 @@ def make_autograd_function(
             if track_unused:
                 # See Note [Gradients through unused outputs]
                 ctx.set_materialize_grads(False)
-                if static_tangent_like is None:
+                if subclass_zeros is not None:
+                    ctx.tangent_like = [
+                        _tangent_like(outs[i], z)
+                        for i, z in zip(tangent_positions, subclass_zeros, strict=True)
+                    ]
+                elif static_tangent_like is None:
                     ctx.tangent_like = [
                         (o.shape, o.dtype, o.device) if isinstance(o, torch.Tensor) else None
                         for o in (outs[i] for i in tangent_positions)
@@ -239,6 +250,10 @@ def make_autograd_function(
                     raise RuntimeError(stale[k])
                 if t is None:
                     unused |= {k}
+                    zeros = subclass_zeros[k] if subclass_zeros is not None else None
+                    if zeros is not None:
+                        tangents[k] = zeros.make(ctx.tangent_like[k])
+                        continue
                     like = (
                         static_tangent_like[k]
                         if static_tangent_like is not None
@@ -294,6 +309,15 @@ def make_autograd_function(
         return out
 
     return run
+
+
+def _tangent_like(output: Any, zeros: SubclassZeros | None) -> Any:
+    """What the backward needs to build the zero tangent of ``output``."""
+    if zeros is not None:
+        return zeros.record(output)
+    if isinstance(output, torch.Tensor):
+        return (output.shape, output.dtype, output.device)
+    return None
 
 
 def _backward_caller(compiled: Callable[..., Any]) -> Callable[[list[Any]], Sequence[Any]]:

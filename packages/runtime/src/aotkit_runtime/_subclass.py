@@ -85,16 +85,19 @@ def _symbolic_outer(value: Any, size: tuple[Any, ...], stride: tuple[Any, ...]) 
             continue
         for is_stride, dims in ((False, inner.shape), (True, inner.stride())):
             for d, v in enumerate(dims):
-                if isinstance(v, torch.SymInt) and isinstance(v.node.expr, sympy.Symbol):
+                # a bare symbol, or an expression (``s0*s1`` after a flattening view)
+                if isinstance(v, torch.SymInt) and v.node.expr.free_symbols:
                     bindings.setdefault(v.node.expr, (v.node.expr, pos, is_stride, d))
 
     unbound: set[Any] = set()
+    placeholders = {k: sympy.Integer(1) for k in bindings}
 
     def expr(v: Any) -> Any:
         if not isinstance(v, torch.SymInt):
             return int(v)
         e = v.node.expr
-        unbound.update(e.free_symbols - set(bindings))
+        # what is left once every expression an inner size gives is replaced
+        unbound.update(e.xreplace(placeholders).free_symbols)
         return e
 
     size_exprs = tuple(expr(v) for v in size)
@@ -130,20 +133,28 @@ def _concrete_outer(meta: SubclassCreationMeta, inner: Sequence[Any]) -> tuple[A
     """The outer size and stride for run-time inner tensors ``inner`` (the subclass's graph
     values, in order); the traced ones when they are ints or the values are symbolic."""
     sym = meta.symbolic_outer
-    if sym is None:
+    if sym is None or _symbolic(inner):
+        # ints, or tracing: keep the traced SymInts
         return meta.outer_size, meta.outer_stride
     env: dict[Any, int] = {}
     for symbol, pos, is_stride, d in sym.bindings:
         t = inner[pos]
-        v = t.stride(d) if is_stride else t.size(d)
-        if not isinstance(v, int):
-            return meta.outer_size, meta.outer_stride  # tracing: keep the SymInts
-        env[symbol] = v
+        env[symbol] = t.stride(d) if is_stride else t.size(d)
 
     def ev(e: Any) -> int:
         return e if isinstance(e, int) else int(e.xreplace(env))
 
     return tuple(ev(e) for e in sym.size_exprs), tuple(ev(e) for e in sym.stride_exprs)
+
+
+def _symbolic(values: Sequence[Any]) -> bool:
+    """Whether a tensor among ``values`` has a symbolic size or stride (a trace)."""
+    return any(
+        isinstance(d, torch.SymInt)
+        for t in values
+        if isinstance(t, torch.Tensor)
+        for d in (*t.shape, *t.stride())
+    )
 
 
 def unwrap_subclasses(values: Sequence[Any]) -> list[Any]:
@@ -231,23 +242,61 @@ def make_wrapper(metas: Sequence[SubclassOrPlainMeta]) -> Wrapper:
     return wrap
 
 
-ZeroTangent = Callable[[], Any]
+# Note [Zero tangents of subclass outputs]
+# Autograd materializes the gradient of an output the backward did not reach as a plain
+# zero tensor of the output's outer shape, which has no inner tensors to pass to a backward
+# traced for a subclass tangent (torch 2.15 raises "we guessed its metadata incorrectly"
+# there). aotkit's Function asks autograd for None instead (``set_materialize_grads(False)``)
+# and builds the zero tangent in the traced subclass form: zero inner tensors rebuilt with
+# the tangent's meta. With static shapes the inner shapes are the traced ones; with
+# symbolic shapes the forward records, per call, the shapes of the output's inner tensors
+# (the tangent was traced as contiguous guesses of them) and the outer size and stride
+# are computed from the zeros (See Note [Symbolic outer sizes of subclasses] in
+# aotkit_schemas). An input whose gradient comes only from unused tangents still gets
+# None, as in eager: the Function's ``tangent_deps`` are the backward graph's, grouped by
+# subclass (See Note [Gradients through unused outputs]).
+class SubclassZeros:
+    """The zero tangent of one subclass output. See Note [Zero tangents of subclass
+    outputs]."""
 
+    __slots__ = ("_meta", "_static")
 
-def zero_tangent_maker(traced: Any, meta: SubclassOrPlainMeta) -> ZeroTangent | None:
-    """For a subclass tangent traced as ``traced`` (static shapes), a function making the
-    zero tangent of that form: autograd materializes the gradient of an unused subclass
-    output of a custom Function as a plain zero tensor, which has no inner tensors."""
-    if not isinstance(meta, SubclassCreationMeta) or meta.symbolic_outer is not None:
-        # symbolic shapes: the zeros' shapes are unknown here (the tangent is coerced)
-        return None
-    like = [(t.shape, t.dtype, t.device) for t in unwrap_subclasses([traced])]
+    def __init__(self, traced: Any, meta: SubclassCreationMeta) -> None:
+        self._meta = _renumbered(meta)
+        flat = unwrap_subclasses([traced])
+        self._static: list[tuple[Any, Any, Any]] | None = None
+        if meta.symbolic_outer is None and not _symbolic(flat):
+            self._static = [(tuple(t.shape), t.dtype, t.device) for t in flat]
 
-    def zeros() -> Any:
-        flat = [torch.zeros(s, dtype=d, device=dev) for s, d, dev in like]
-        return rebuild(_renumbered(meta), flat)
+    @staticmethod
+    def for_tangent(traced: Any, meta: SubclassOrPlainMeta) -> SubclassZeros | None:
+        """None for a plain tangent, or for a subclass whose outer shape its inner tensors
+        do not determine (the backward then raises torch's error for a plain tangent)."""
+        if not isinstance(meta, SubclassCreationMeta):
+            return None
+        if meta.symbolic_outer is not None and meta.symbolic_outer.unbound:
+            return None
+        return SubclassZeros(traced, meta)
 
-    return zeros
+    def record(self, output: Any) -> Any:
+        """What the backward needs from the forward's output (None: static shapes)."""
+        if self._static is not None:
+            return None
+        flat = unwrap_subclasses([output])
+        inner = None
+        if len(flat) == self._meta.arg_count and all(isinstance(t, torch.Tensor) for t in flat):
+            inner = [(t.shape, t.dtype, t.device) for t in flat]
+        return inner, (output.shape, output.dtype, output.device)
+
+    def make(self, recorded: Any) -> Any:
+        """The zero tangent. Plain zeros when the forward's output did not have the traced
+        form (the backward then raises torch's error for a plain tangent)."""
+        like = self._static
+        if like is None:
+            like, outer = recorded
+            if like is None:
+                return torch.zeros(outer[0], dtype=outer[1], device=outer[2])
+        return rebuild(self._meta, [torch.zeros(s, dtype=d, device=dev) for s, d, dev in like])
 
 
 def _renumbered(meta: SubclassCreationMeta) -> SubclassOrPlainMeta:
@@ -274,7 +323,7 @@ def _create_like(meta: SubclassOrPlainMeta | OpaqueMeta, offset: int) -> Any:
     )
 
 
-def coerce_tangent(value: Any, meta: SubclassOrPlainMeta, zeros: ZeroTangent | None = None) -> Any:
+def coerce_tangent(value: Any, meta: SubclassOrPlainMeta) -> Any:
     """A runtime tangent in the form the backward graph was traced for.
 
     The tangent's subclass metadata is a guess made at trace time (See Note [Tangents of
@@ -290,9 +339,6 @@ def coerce_tangent(value: Any, meta: SubclassOrPlainMeta, zeros: ZeroTangent | N
     if isinstance(meta, SubclassCreationMeta):
         expected_type, expected_meta = meta.original_subclass_type, meta.meta
     runtime_type = type(value) if is_subclass(value) else torch.Tensor
-    if zeros is not None and runtime_type is torch.Tensor and not bool(value.any()):
-        # autograd's zeros for an unused subclass output
-        return zeros()
     runtime_meta = value.__tensor_flatten__()[1] if is_subclass(value) else None  # type: ignore[attr-defined]
     if runtime_type is expected_type and runtime_meta == expected_meta and _same_nesting(value, meta):
         return value
@@ -306,8 +352,8 @@ def coerce_tangent(value: Any, meta: SubclassOrPlainMeta, zeros: ZeroTangent | N
     if coerced is None or not _same_nesting(coerced, meta):
         if expected_type is not torch.Tensor and runtime_type is torch.Tensor:
             hint = (
-                "This happens when the backward reaches only some of the outputs that "
-                "require grad (autograd then passes plain zeros for the others); call "
+                "A plain tensor reached the backward as the gradient of a tensor subclass "
+                "output: pass the gradient in the output's subclass form, or call "
                 ".detach() on the outputs you do not differentiate."
             )
         else:
@@ -384,20 +430,17 @@ def subclass_backward(
     num_saved: int,
     tangent_metas: Sequence[SubclassOrPlainMeta],
     grad_metas: Sequence[SubclassOrPlainMeta],
-    zero_tangents: Sequence[ZeroTangent | None],
 ) -> Callable[[list[Any]], Sequence[Any]]:
     """A compiled backward graph called with ``(*saved, *tangents)`` where the tangents are
     the user's values: they are coerced to the traced metadata, flattened (contiguous inner
-    tensors, as traced) and the gradients rebuilt with ``grad_metas``. Boxed.
-    ``zero_tangents``: per tangent, ``zero_tangent_maker``'s result."""
+    tensors, as traced) and the gradients rebuilt with ``grad_metas``. Boxed."""
     call = as_list_caller(compiled)
     unwrap = make_unwrapper(tangent_metas)
     wrap = make_wrapper(grad_metas)
 
     def run(args: list[Any]) -> Sequence[Any]:
         tangents = [
-            coerce_tangent(t, m, z)
-            for t, m, z in zip(args[num_saved:], tangent_metas, zero_tangents, strict=True)
+            coerce_tangent(t, m) for t, m in zip(args[num_saved:], tangent_metas, strict=True)
         ]
         flat = [
             t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t

@@ -46,9 +46,12 @@
 #     it (``out._base is x``), as in eager.
 #   * Tangents. The subclass form of a tangent is a guess made at trace time; a runtime
 #     tangent with another type or ``__tensor_flatten__`` context is converted with
-#     ``__coerce_same_metadata_as_tangent__`` or the backward raises torch's error; the
-#     plain zeros autograd passes for an unused subclass output become a zero subclass of
-#     the traced form.
+#     ``__coerce_same_metadata_as_tangent__`` or the backward raises torch's error. An
+#     unused subclass output gets a zero subclass of the traced form, with static and
+#     symbolic sizes (torch 2.15 raises there; See Note [Zero tangents of subclass
+#     outputs] in aotkit_runtime).
+#   * Effect tokens. The desugared graphs thread effect tokens as plain programs do
+#     (tokens first, plain: See Note [Effect tokens] in aotkit_capture), as torch does.
 #   * Symbolic sizes. Under ``dynamic=True`` outer sizes and strides may be SymInts (See
 #     Note [Symbolic outer sizes of subclasses]).
 #   * Limits. The export entry points
@@ -91,9 +94,10 @@ class OpaqueMeta:
 
 # Note [Symbolic outer sizes of subclasses]
 # Under dynamic shapes a subclass's outer size and stride are SymInts of the trace. At run
-# time a rebuilt subclass (a forward output, a gradient) needs ints: each symbol is read
-# from the concrete size or stride of one of the subclass's own inner tensors (where the
-# trace saw that symbol alone), and the outer expressions are evaluated with them
+# time a rebuilt subclass (a forward output, a gradient) needs ints: each symbol, or
+# expression (``s0*s1`` after a flattening view), is read from the concrete size or
+# stride of one of the subclass's own inner tensors where the trace saw exactly it, and
+# the outer expressions are evaluated with them
 # (TwoTensor's outer size is its inner size; DTensor's is a multiple of its local one).
 # Inputs are never rebuilt at run time (the user's values are flattened), so only the
 # forward outputs and the gradients need this; one of those whose outer expression has a
@@ -110,8 +114,8 @@ class OpaqueMeta:
 class SymbolicOuter:
     """How to compute a subclass's outer size and stride from its inner tensors."""
 
-    # (symbol, position of the inner tensor among the subclass's graph values, whether
-    # from a stride (else a size), dimension)
+    # (symbol or expression, position of the inner tensor among the subclass's graph
+    # values, whether from a stride (else a size), dimension)
     bindings: tuple[tuple[Any, int, bool, int], ...]
     # sympy expressions (or ints) of the outer size and stride
     size_exprs: tuple[Any, ...]
