@@ -287,7 +287,14 @@ def program_fingerprint(program: Any) -> str:
     return fp.hexdigest()
 
 
-def _input_key(flat_args: Sequence[Any]) -> list[Any]:
+def _input_key(flat_args: Sequence[Any], cfg: AOTConfig) -> list[Any]:
+    """Every input's metadata. With symbolic sizes (See Note [Dynamic shapes in the
+    on-disk cache]): the sizes of real inputs past the parameters and the values of ints
+    are left to the entry's shape facts; dynamo's fakes are keyed by their expressions."""
+    from ._disk_cache_symbolic import Canonical
+
+    symbolic = cfg.dynamic_shapes
+    canon = Canonical()
     storages: dict[int, int] = {}
     out: list[Any] = []
     for i, a in enumerate(flat_args):
@@ -296,19 +303,30 @@ def _input_key(flat_args: Sequence[Any]) -> list[Any]:
                 raise Uncacheable(f"input {i} is a {type(a).__name__}")
             if a.is_sparse or a.is_mkldnn or a.is_nested:
                 raise Uncacheable(f"input {i} has layout {a.layout}")
-            dims = (*a.shape, *a.stride(), a.storage_offset())
+            dims: tuple[Any, ...] = (*a.shape, *a.stride(), a.storage_offset())
+            nbytes: Any = None
             if not all(type(d) is int for d in dims):
-                raise Uncacheable(f"input {i} has symbolic sizes")
+                if not symbolic:
+                    raise Uncacheable(f"input {i} has symbolic sizes")
+                dims = tuple(canon.dim(d) for d in dims)
+            elif symbolic and not _is_fake(a) and i >= cfg.num_params_buffers:
+                dims = ("dynamic", a.dim())
+            else:
+                nbytes = a.untyped_storage().nbytes()
             storage = storages.setdefault(a.untyped_storage()._cdata, i)
             out.append((
                 "T", type(a) is torch.nn.Parameter, str(a.dtype), str(a.device), str(a.layout),
-                tuple(dims), a.requires_grad, a.is_leaf, storage,
-                a.untyped_storage().nbytes(), a._is_view(),
+                tuple(dims), a.requires_grad, a.is_leaf, storage, nbytes, a._is_view(),
             ))
+        elif isinstance(a, torch.SymInt) and symbolic:
+            out.append(("SymInt", canon.dim(a)))
+        elif type(a) is int and symbolic:
+            out.append(("int",))  # a SymInt in the trace
         elif isinstance(a, _PLAIN):
             out.append((type(a).__name__, a))
         else:
             raise Uncacheable(f"input {i} is a {type(a).__name__}")
+    out.append(("shape_env", canon.state()))
     return out
 
 
@@ -338,21 +356,21 @@ def _decomposition_key(table: Any) -> list[Any]:
 def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
     """The cache key of compiling the program ``identity`` for ``flat_args`` under ``cfg``
     and the current ambient state. Raises Uncacheable. See Note [On-disk cache keys]."""
-    if cfg.is_export or cfg.dynamic_shapes or cfg.pre_dispatch:
-        raise Uncacheable("exports and dynamic-shape compilations are not cached")
+    if cfg.is_export or cfg.pre_dispatch:
+        raise Uncacheable("exports are not cached")
     parts = [
         ("format", CACHE_FORMAT),
         ("torch", torch.__version__),
         ("aotkit", aotkit_source_hash()),
         ("program", identity),
-        ("inputs", _input_key(flat_args)),
+        ("inputs", _input_key(flat_args, cfg)),
         ("ambient", [repr(x) for x in ambient_state_key()]),
         ("partitioner", _callable_key("partitioner", cfg.partition_fn)),
         ("fw", _callable_key("forward compiler", cfg.fw_compiler)),
         ("bw", _callable_key("backward compiler", cfg.bw_compiler)),
         ("inference", _callable_key("inference compiler", cfg.inference_compiler)),
         ("decompositions", _decomposition_key(cfg.decompositions)),
-        ("config", cfg.keep_inference_input_mutations, cfg.num_params_buffers, cfg.no_tangents,
-         tuple(cfg.static_input_indices or ())),
+        ("config", cfg.dynamic_shapes, cfg.keep_inference_input_mutations,
+         cfg.num_params_buffers, cfg.no_tangents, tuple(cfg.static_input_indices or ())),
     ]
     return hashlib.sha256(repr(parts).encode()).hexdigest()
