@@ -26,6 +26,7 @@ from ._disk_cache import cache_counters, reject_payload, variants
 from ._disk_cache import load as cache_load
 from ._disk_cache import store as cache_store
 from ._disk_cache_entry import CacheSidecar, cache_key_or_none, entry_payload, read_entry
+from ._disk_cache_key import symbolic_kind
 from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, restored_guard
 from ._fakify import construct_fake_mode
 from ._paths import notify_compiled
@@ -50,15 +51,16 @@ def compile_flat(
     compile cache].
     """
     key = cache_key_or_none(cache_identity, flat_args, cfg)
+    symbolic = key is not None and symbolic_kind(flat_args, cfg) is not None
     if key is not None:
-        restored = _lookup(key, flat_args, cfg, cache_sidecar)
+        restored = _lookup(key, symbolic, flat_args, cfg, cache_sidecar)
         if restored is not None:
             cache_counters["hit"] += 1
             return restored
     cache_counters["trace"] += 1
     runner, artifacts = compile_traced(flat_fn, flat_args, cfg)
     if key is not None:
-        payload = entry_payload(artifacts, cache_sidecar, cfg.dynamic_shapes)
+        payload = entry_payload(artifacts, cache_sidecar, symbolic)
         if payload is not None:
             name = key
             if "shape" in payload:  # See Note [Dynamic shapes in the on-disk cache]
@@ -69,9 +71,13 @@ def compile_flat(
 
 
 def _lookup(
-    key: str, flat_args: Sequence[Any], cfg: AOTConfig, sidecar: CacheSidecar | None
+    key: str,
+    symbolic: bool,
+    flat_args: Sequence[Any],
+    cfg: AOTConfig,
+    sidecar: CacheSidecar | None,
 ) -> tuple[Runner, CompiledArtifacts] | None:
-    if not cfg.dynamic_shapes:
+    if not symbolic:
         payload = cache_load(key)
         return None if payload is None else _restore(key, payload, flat_args, cfg, sidecar)
     # See Note [Dynamic shapes in the on-disk cache]: the newest entry whose facts hold
@@ -170,12 +176,10 @@ def _symbolic_inputs(
     layout = compute_input_layout(flat_args)
     if not layout.is_trivial:
         raise CacheFormatError("a symbolic entry for aliased inputs")
-    fake_mode = detect_fake_mode(list(flat_args))
-    if fake_mode is None:  # aot_function(dynamic=True): a fresh ShapeEnv, as a trace has
-        fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=True)
-        fake = fakify_compiled(flat_args, layout, cfg, fake_mode, shape_env)
-    else:  # dynamo's fakes, in dynamo's ShapeEnv
-        fake = list(flat_args)
+    # aot_function(dynamic=True): a fresh ShapeEnv, as a trace makes; under dynamo, its
+    # own, whose symbols the fakes of its inputs take (See Note [Shape guards])
+    fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=True)
+    fake = fakify_compiled(flat_args, layout, cfg, fake_mode, shape_env)
     env = bind_symbols(facts, fake)
     install_guards(facts, env)
     return fake_mode, fake, env

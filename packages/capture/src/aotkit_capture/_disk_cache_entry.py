@@ -47,7 +47,7 @@ def cache_key_or_none(identity: str | None, flat_args: Sequence[Any], cfg: AOTCo
         return entry_key(identity, flat_args, cfg)
     except Uncacheable as e:
         cache_counters["uncacheable"] += 1
-        log.debug("aotkit cache: not caching this compilation: %s", e)
+        log.warning("aotkit cache: not caching this compilation: %s", e)
         return None
 
 
@@ -89,7 +89,7 @@ def entry_payload(
             raise Uncacheable("no graph to store")
     except (Uncacheable, CacheFormatError) as e:
         cache_counters["uncacheable"] += 1
-        log.debug("aotkit cache: not storing this compilation: %s", e)
+        log.warning("aotkit cache: not storing this compilation: %s", e)
         return None
     return payload
 

@@ -287,13 +287,36 @@ def program_fingerprint(program: Any) -> str:
     return fp.hexdigest()
 
 
+def symbolic_kind(flat_args: Sequence[Any], cfg: AOTConfig) -> str | None:
+    """How a compilation traces symbolic sizes (See Note [Dynamic shapes in the on-disk
+    cache]): "fresh" (aot_function(dynamic=True): aotkit makes the ShapeEnv), "caller"
+    (a fake mode with a ShapeEnv came with the inputs or dynamo's tracing context, and a
+    SymInt or a symbolic fake is among the inputs), or None (static sizes)."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode(list(flat_args))
+    if mode is None:
+        return "fresh" if cfg.dynamic_shapes else None
+    if mode.shape_env is None:
+        return None
+    for a in flat_args:
+        if isinstance(a, torch.SymInt):
+            return "caller"
+        if _is_fake(a) and not all(
+            type(d) is int for d in (*a.shape, *a.stride(), a.storage_offset())
+        ):
+            return "caller"
+    return None
+
+
 def _input_key(flat_args: Sequence[Any], cfg: AOTConfig) -> list[Any]:
     """Every input's metadata. With symbolic sizes (See Note [Dynamic shapes in the
     on-disk cache]): the sizes of real inputs past the parameters and the values of ints
     are left to the entry's shape facts; dynamo's fakes are keyed by their expressions."""
     from ._disk_cache_symbolic import Canonical
 
-    symbolic = cfg.dynamic_shapes
+    kind = symbolic_kind(flat_args, cfg)
+    symbolic = kind is not None
     canon = Canonical()
     storages: dict[int, int] = {}
     out: list[Any] = []
@@ -309,7 +332,7 @@ def _input_key(flat_args: Sequence[Any], cfg: AOTConfig) -> list[Any]:
                 if not symbolic:
                     raise Uncacheable(f"input {i} has symbolic sizes")
                 dims = tuple(canon.dim(d) for d in dims)
-            elif symbolic and not _is_fake(a) and i >= cfg.num_params_buffers:
+            elif kind == "fresh" and i >= cfg.num_params_buffers:
                 dims = ("dynamic", a.dim())
             else:
                 nbytes = a.untyped_storage().nbytes()
@@ -320,7 +343,7 @@ def _input_key(flat_args: Sequence[Any], cfg: AOTConfig) -> list[Any]:
             ))
         elif isinstance(a, torch.SymInt) and symbolic:
             out.append(("SymInt", canon.dim(a)))
-        elif type(a) is int and symbolic:
+        elif type(a) is int and kind == "fresh":
             out.append(("int",))  # a SymInt in the trace
         elif isinstance(a, _PLAIN):
             out.append((type(a).__name__, a))
@@ -358,6 +381,7 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
     and the current ambient state. Raises Uncacheable. See Note [On-disk cache keys]."""
     if cfg.is_export or cfg.pre_dispatch:
         raise Uncacheable("exports are not cached")
+    symbolic = symbolic_kind(flat_args, cfg)
     parts = [
         ("format", CACHE_FORMAT),
         ("torch", torch.__version__),
@@ -370,7 +394,7 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
         ("bw", _callable_key("backward compiler", cfg.bw_compiler)),
         ("inference", _callable_key("inference compiler", cfg.inference_compiler)),
         ("decompositions", _decomposition_key(cfg.decompositions)),
-        ("config", cfg.dynamic_shapes, cfg.keep_inference_input_mutations,
+        ("config", symbolic, cfg.keep_inference_input_mutations,
          cfg.num_params_buffers, cfg.no_tangents, tuple(cfg.static_input_indices or ())),
     ]
     return hashlib.sha256(repr(parts).encode()).hexdigest()
