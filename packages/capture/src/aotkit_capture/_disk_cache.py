@@ -34,9 +34,12 @@
 #     nop recompiles from the graph (cheap); ``aotkit_inductor``'s compilers call
 #     ``compile_fx_inner``, whose FX graph cache (keyed on the graph, inputs and Inductor's
 #     config, in Inductor's own cache directory) serves the compiled artifact.
-#   * Not stored (compiled every time, never an error): graphs with symbolic sizes
-#     (dynamic shapes: no entry is stored, so no entry can be used where its shape guards
-#     would not hold), tensor subclass inputs/outputs, graphs with higher-order ops (the
+#   * Graphs with symbolic sizes carry their shape facts (sizes as JSON expression trees,
+#     the ShapeEnv's guards) and are used only where those hold: See Note [Dynamic shapes
+#     in the on-disk cache]. Such entries are ``<key>-<hash of the facts>.json``: one key
+#     may hold several (one per specialization), tried newest first.
+#   * Not stored (compiled every time, never an error): tensor subclass inputs/outputs,
+#     aliased inputs under dynamic shapes, graphs with higher-order ops (the
 #     functionalized RNG's ``run_and_save_rng_state``), tensor constants, exports, and
 #     programs, inputs or compilers the key cannot describe (``Uncacheable``).
 # When: off by default for aot_function/aot_module (and then only with compilers and a

@@ -298,7 +298,7 @@ def check_facts(facts: Any, values: Sequence[Any]) -> bool:
         raise CacheFormatError("bad shape facts")
     if len(inputs) != len(values):
         raise CacheFormatError("shape facts for another number of inputs")
-    pairs = []
+    pairs: list[tuple[Any, Any]] = []
     for spec, v in zip(inputs, values, strict=True):
         actual = _actual(spec, v, _hint)
         if actual is None:
@@ -420,7 +420,7 @@ class Canonical:
             raise Uncacheable(f"a size of type {type(x).__name__}")
         import sympy
 
-        env = x.node.shape_env
+        env: Any = x.node.shape_env
         if self.shape_env is None:
             self.shape_env = env
         elif env is not self.shape_env:
