@@ -20,7 +20,7 @@ from aotkit_runtime import (
     make_autograd_function,
 )
 from aotkit_schemas import AOTConfig, PartitionResult, ViewAndMutationMeta
-from torch._guards import detect_fake_mode
+from torch._guards import TracingContext, detect_fake_mode, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._context import track_graph_compiling
@@ -94,11 +94,22 @@ def _backward_compiler(
         bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
     fake_mode = detect_fake_mode(list(fake)) or FakeTensorMode()
     symbolic = fake_mode.shape_env is not None
+    # the compile's TracingContext (dynamo's), entered again for the backward: Inductor's
+    # FX graph cache reads the ShapeEnv from it and bypasses the cache without one
+    saved = TracingContext.try_get()
 
     def compile_backward() -> Callable[..., Any]:
         # Like torch, the backward is compiled at the first backward call, under the
-        # forward's fake mode; the autograd.Function caches the result.
-        with _tracing_context(fake_mode, symbolic), track_graph_compiling(cfg, "backward"):
+        # forward's fake mode (and the forward's TracingContext); the autograd.Function
+        # caches the result.
+        context = (
+            tracing(saved)
+            if saved is not None and TracingContext.try_get() is None
+            else contextlib.nullcontext()
+        )
+        with context, _tracing_context(fake_mode, symbolic), track_graph_compiling(
+            cfg, "backward"
+        ):
             compiled: Callable[..., Any] = backward_with_tokens(
                 cfg.bw_compiler(bw_module, bw_example), n_bw_tokens
             )
