@@ -47,7 +47,12 @@ def cache_key_or_none(identity: str | None, flat_args: Sequence[Any], cfg: AOTCo
         return entry_key(identity, flat_args, cfg)
     except Uncacheable as e:
         cache_counters["uncacheable"] += 1
-        log.warning("aotkit cache: not caching this compilation: %s", e)
+        log.debug("aotkit cache: not caching this compilation: %s", e)
+        return None
+    except Exception as e:  # never an error: See Note [On-disk compile cache]
+        cache_counters["uncacheable"] += 1
+        log.warning("aotkit cache: could not key this compilation (%s: %s); not caching it",
+                    type(e).__name__, e)
         return None
 
 
@@ -89,7 +94,12 @@ def entry_payload(
             raise Uncacheable("no graph to store")
     except (Uncacheable, CacheFormatError) as e:
         cache_counters["uncacheable"] += 1
-        log.warning("aotkit cache: not storing this compilation: %s", e)
+        log.debug("aotkit cache: not storing this compilation: %s", e)
+        return None
+    except Exception as e:  # never an error: See Note [On-disk compile cache]
+        cache_counters["uncacheable"] += 1
+        log.warning("aotkit cache: could not store this compilation (%s: %s)",
+                    type(e).__name__, e)
         return None
     return payload
 
