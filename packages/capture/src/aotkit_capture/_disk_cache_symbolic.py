@@ -323,26 +323,64 @@ def check_facts(facts: Any, values: Sequence[Any]) -> bool:
         return False
 
 
+def _terms(k: int, spec: Any) -> list[tuple[Any, str]]:
+    """(tree, input term) pairs of one input's facts, in ShapeGuard's vocabulary
+    (``L['t0'].size()[1]``; See Note [Shape guards])."""
+    if spec is None:
+        return []
+    if "int" in spec:
+        return [(spec["int"], f"L['t{k}']")]
+    terms = [(t, f"L['t{k}'].size()[{i}]") for i, t in enumerate(spec["size"])]
+    terms += [(t, f"L['t{k}'].stride()[{i}]") for i, t in enumerate(spec["stride"])]
+    terms.append((spec["offset"], f"L['t{k}'].storage_offset()"))
+    return terms
+
+
 def failing(facts: dict[str, Any], values: Sequence[Any]) -> list[str]:
-    """Why ``check_facts`` refuses ``values`` (for recompile logs)."""
+    """Why ``check_facts`` refuses ``values``, as guard texts over the inputs (for the
+    recompile log)."""
     if check_facts(facts, values):
         return []
+    names: dict[str, str] = {}
     env: dict[str, int] = {}
-    for spec, v in zip(facts["inputs"], values, strict=True):
-        actual = _actual(spec, v, _hint) or []
-        for t, a in zip(_spec_trees(spec), actual, strict=False):
-            name = bare_symbol(t)
-            if name is not None:
-                env.setdefault(name, a)
+    pairs: list[tuple[Any, str, Any]] = []
     out = []
+    for k, (spec, v) in enumerate(zip(facts["inputs"], values, strict=True)):
+        actual = _actual(spec, v, _hint)
+        if actual is None:
+            out.append(f"L['t{k}'] has another kind or number of dimensions")
+            continue
+        for (t, text), a in zip(_terms(k, spec), actual, strict=True):
+            name = bare_symbol(t)
+            if name is not None and name not in env:
+                env[name], names[name] = a, text
+            else:
+                pairs.append((t, text, a))
+    if out:
+        return out
+    for t, text, a in pairs:
+        if not _holds(t, env, lambda x, a=a: x == a):
+            out.append(f"{text} == {describe(t, names)}")
+    for name, (lo, hi) in facts["ranges"].items():
+        value = env[name]
+        if (lo is None or value >= lo) and (hi is None or value <= hi):
+            continue
+        term = names[name]
+        if lo is not None and hi is not None:
+            out.append(f"{lo} <= {term} and {term} <= {hi}")
+        else:
+            out.append(f"{lo} <= {term}" if lo is not None else f"{term} <= {hi}")
     for g in facts["guards"]:
-        try:
-            ok = bool(eval_tree(g, env))
-        except (CacheFormatError, ArithmeticError):
-            ok = False
-        if not ok:
-            out.append(describe(g))
-    return out or ["the inputs' sizes, strides or symbol ranges differ from the cached entry's"]
+        if not _holds(g, env, bool):
+            out.append(describe(g, names))
+    return out or ["the inputs differ from the cached entry's shape facts"]
+
+
+def _holds(tree: Any, env: dict[str, int], test: Callable[[Any], bool]) -> bool:
+    try:
+        return bool(test(eval_tree(tree, env)))
+    except (CacheFormatError, ArithmeticError):
+        return False
 
 
 def bind_symbols(facts: dict[str, Any], fakes: Sequence[Any]) -> dict[str, Any]:
@@ -391,12 +429,18 @@ def restored_guard(facts: dict[str, Any], layout: Any) -> Any:
     from ._shape_guards import ShapeGuard
 
     n = len(facts["inputs"])
+    names: dict[str, str] = {}
+    for k, spec in enumerate(facts["inputs"]):
+        for t, text in _terms(k, spec):
+            name = bare_symbol(t)
+            if name is not None:
+                names.setdefault(name, text)
 
     def values(L: dict[str, Any]) -> list[Any]:
         return [L[f"t{k}"] for k in range(n)]
 
     return ShapeGuard(
-        exprs=tuple(describe(g) for g in facts["guards"]),
+        exprs=tuple(describe(g, names) for g in facts["guards"]),  # texts for logs only
         positions=tuple(range(n)),
         layout=layout,
         _check=lambda L: check_facts(facts, values(L)),
@@ -457,15 +501,29 @@ class Canonical:
         return out
 
 
-def describe(tree: Any) -> str:
-    """A tree as readable text (for logs and ShapeGuard.exprs; never evaluated)."""
+_INFIX = {
+    "add": "+", "mul": "*", "pow": "**", "floordiv": "//", "mod": "%", "eq": "==",
+    "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">=", "and": "and", "or": "or",
+}
+
+
+def describe(tree: Any, names: dict[str, str] | None = None) -> str:
+    """A tree as readable text, symbols as ``names`` gives them (for logs and
+    ShapeGuard.exprs; never evaluated)."""
     name = bare_symbol(tree)
     if name is not None:
-        return name
+        return (names or {}).get(name, name)
     if type(tree) is int:
         return str(tree)
     if isinstance(tree, dict) and "b" in tree:
         return str(tree["b"])
     if isinstance(tree, dict) and isinstance(tree.get("a"), list):
-        return f"{tree.get('o')}({', '.join(describe(a) for a in tree['a'])})"
+        op, args = tree.get("o"), [describe(a, names) for a in tree["a"]]
+        args = [a if a.isidentifier() or a.lstrip("-").isdigit() or "[" in a and " " not in a
+                else f"({a})" for a in args]
+        if op in _INFIX:
+            return f" {_INFIX[op]} ".join(args)
+        if op == "not":
+            return f"not {args[0]}"
+        return f"{op}({', '.join(args)})"
     return repr(tree)
