@@ -359,7 +359,7 @@ def failing(facts: dict[str, Any], values: Sequence[Any]) -> list[str]:
     if out:
         return out
     for t, text, a in pairs:
-        if not _holds(t, env, lambda x, a=a: x == a):
+        if not _holds(t, env, functools.partial(operator.eq, a)):
             out.append(f"{text} == {describe(t, names)}")
     for name, (lo, hi) in facts["ranges"].items():
         value = env[name]
