@@ -9,7 +9,9 @@
 #     flag; custom autograd.Functions by the code of forward, backward, setup_context, vjp
 #     and jvp, so they are cacheable rather than refused); under torch.compile, dynamo's
 #     GraphModule code and its submodules';
-#   * every input's metadata: type, dtype, device, layout, sizes, strides, storage offset,
+#   * every input's metadata: type, dtype, device, layout, sizes, strides, storage offset
+#     (with symbolic sizes, what the entry's shape facts do not check: See Note [Dynamic
+#     shapes in the on-disk cache]),
 #     requires_grad, the aliasing pattern (which inputs share storage), and the values of
 #     Python scalars (traced as constants);
 #   * ambient state, ``ambient_state_key()``: the in-memory compile key's ``ambient_key()``
@@ -24,7 +26,7 @@
 # Modules are fingerprinted with every attribute that is not nn.Module bookkeeping (private
 # ones too); dynamo graphs are refused when a get_attr reads a tensor constant.
 # Anything the fingerprint cannot describe safely (an object of unknown type in a global,
-# a module with hooks, a tensor attribute, a symbolic size) raises ``Uncacheable``: the
+# a module with hooks, a tensor attribute, a symbol no input binds) raises ``Uncacheable``: the
 # compilation then simply is not cached. Being unable to cache is never an error.
 """
 

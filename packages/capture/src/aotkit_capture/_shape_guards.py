@@ -22,7 +22,9 @@
 #      guards pass runs, and when none does, the function is traced again for the new
 #      inputs and a new entry is added.
 # The guards are compiled once into one Python lambda, so a call costs the key plus one
-# comparison per guard (a few microseconds for a handful of dynamic inputs).
+# comparison per guard (a few microseconds for a handful of dynamic inputs). An entry
+# restored from the on-disk cache checks its stored shape facts instead (never eval'd
+# text: See Note [Dynamic shapes in the on-disk cache]).
 """
 
 from __future__ import annotations
