@@ -1,7 +1,7 @@
 """Programs the on-disk cache tests run in fresh processes.
 
-``python this.py DIR[,DIR...] NAME[,NAME...] [REPEAT]``: for every cache directory, every
-program, REPEAT times (default 1), runs the program from a fresh compiled wrapper with
+``python this.py '[[DIR, [NAME, ...], REPEAT], ...]'``: for every cache directory, its
+programs, REPEAT times, runs the program from a fresh compiled wrapper with
 the disk cache in that directory and records its outputs, gradients, buffers and the
 ``aotkit_capture.cache_counters`` of that run alone. Prints one JSON line: a list of
 ``{"dir", "name", ...}`` results. One process runs several programs because process
@@ -104,18 +104,51 @@ def convnet() -> dict[str, Any]:
     return _run_module(mod, aotkit.aot_module(mod, aotkit.nop), torch.randn(4, 3, 8, 8))
 
 
-def dynamic() -> dict[str, Any]:
-    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return (x @ w).relu().sum(0)
+def _dyn_f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x @ w).relu().sum(0)
 
+
+def _dynamic(sizes: tuple[int, ...]) -> dict[str, Any]:
+    """aot_function(dynamic=True) over ``sizes``; outputs and grads checked against eager
+    here (the warm runs use other sizes than the cold one)."""
     w = torch.randn(4, 3, requires_grad=True)
-    g = aotkit.aot_function(f, aotkit.nop, dynamic=True)
+    w_eager = w.detach().clone().requires_grad_(True)
+    g = aotkit.aot_function(_dyn_f, aotkit.nop, dynamic=True)
     outs = []
-    for n in (3, 5):
-        y = g(torch.randn(n, 4), w)
+    for n in sizes:
+        x = torch.randn(n, 4)
+        y = g(x, w)
         y.sum().backward()
+        expected = _dyn_f(x, w_eager)
+        expected.sum().backward()
+        torch.testing.assert_close(y, expected)
         outs.append(y.tolist())
-    return {"out": outs, "w_grad": w.grad.tolist() if w.grad is not None else None}
+    assert w.grad is not None and w_eager.grad is not None
+    torch.testing.assert_close(w.grad, w_eager.grad)
+    return {"out": outs, "w_grad": w.grad.tolist(), "eager_ok": True}
+
+
+def dynamic() -> dict[str, Any]:
+    return _dynamic((3, 5))
+
+
+def dynamic_other() -> dict[str, Any]:
+    # other sizes that satisfy the cold entry's guards (every size >= 2)
+    return _dynamic((7, 9))
+
+
+def dynamic_one() -> dict[str, Any]:
+    # a size of 1 is specialized: the cold entry's guards fail
+    return _dynamic((1,))
+
+
+def compiled_dynamic() -> dict[str, Any]:
+    mod = MLP()
+    opt = torch.compile(mod, backend="aotkit_eager", dynamic=True)
+    x = torch.randn(5, 8, requires_grad=True)
+    result = _run_module(mod, opt, x)
+    torch.testing.assert_close(torch.tensor(result["out"]), mod(x)[0])
+    return result
 
 
 def compiled() -> dict[str, Any]:
@@ -126,16 +159,16 @@ def compiled() -> dict[str, Any]:
 
 PROGRAMS: dict[str, Callable[[], dict[str, Any]]] = {
     "mlp": mlp, "transformer": transformer, "convnet": convnet, "dynamic": dynamic,
-    "compiled": compiled,
+    "dynamic_other": dynamic_other, "dynamic_one": dynamic_one, "compiled": compiled,
+    "compiled_dynamic": compiled_dynamic,
 }
+
 
 def main(argv: list[str]) -> list[dict[str, Any]]:
     from aotkit_schemas import disk_cache_config
 
-    dirs, names = argv[0].split(","), argv[1].split(",")
-    repeat = int(argv[2]) if len(argv) > 2 else 1
     results = []
-    for d in dirs:
+    for d, names, repeat in json.loads(argv[0]):
         disk_cache_config.dir = d
         for _ in range(repeat):
             for name in names:

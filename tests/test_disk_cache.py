@@ -21,11 +21,15 @@ from aotkit_schemas import CacheFormatError, meta_from_json, meta_to_json
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 PROGRAMS = str(Path(__file__).with_name("_disk_cache_programs.py"))
-ALL = ["mlp", "transformer", "convnet", "dynamic", "compiled"]
+COLD = ["mlp", "transformer", "convnet", "dynamic", "compiled", "compiled_dynamic"]
+# warm: the cold programs, and the dynamic program with sizes that satisfy the cold
+# entry's shape guards (used, no trace) and with a size that does not (traced again)
+WARM = [*COLD, "dynamic_other", "dynamic_one"]
+Spec = list[tuple[Path, list[str], int]]
 
 
-def _argv(dirs: list[Path], names: list[str], repeat: int = 1) -> list[str]:
-    return [sys.executable, PROGRAMS, ",".join(map(str, dirs)), ",".join(names), str(repeat)]
+def _argv(spec: Spec) -> list[str]:
+    return [sys.executable, PROGRAMS, json.dumps([[str(d), n, r] for d, n, r in spec])]
 
 
 def _env() -> dict[str, str]:
@@ -39,12 +43,18 @@ def _parse(out: str) -> list[dict[str, Any]]:
     return result
 
 
-def _run(dirs: list[Path], names: list[str], repeat: int = 1) -> tuple[list[dict[str, Any]], str]:
-    proc = subprocess.run(
-        _argv(dirs, names, repeat), env=_env(), capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return _parse(proc.stdout), proc.stderr
+def _start(spec: Spec) -> subprocess.Popen[str]:
+    return subprocess.Popen(_argv(spec), env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _wait(proc: subprocess.Popen[str]) -> tuple[list[dict[str, Any]], str]:
+    try:
+        out, err = proc.communicate(timeout=600)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    return _parse(out), err
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
@@ -56,25 +66,6 @@ def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
 
 def _entries(cache: Path) -> list[Path]:
     return sorted(cache.rglob("*.json"))
-
-
-def test_cold_then_warm(tmp_path: Path) -> None:
-    # one process compiles every program cold, a fresh one runs them warm
-    cold, _ = _run([tmp_path], ALL)
-    warm, _ = _run([tmp_path], ALL)
-    for c, w in zip(cold, warm, strict=True):
-        name = c["name"]
-        _same(c, w)
-        if name == "dynamic":
-            # Not cached yet: a compilation with symbolic sizes is refused by the key (See
-            # Note [On-disk cache keys]); the warm run traces again and agrees
-            assert w["counters"].get("trace") == 1 and w["counters"].get("uncacheable") == 1
-            continue
-        assert c["counters"].get("trace", 0) >= 1, (name, c["counters"])
-        assert c["counters"].get("store", 0) == c["counters"]["trace"], (name, c["counters"])
-        # no trace ran: every compilation came from the disk
-        assert "trace" not in w["counters"], (name, w["counters"])
-        assert w["counters"]["hit"] == c["counters"]["store"], (name, w["counters"])
 
 
 def _corrupt(p: Path) -> None:
@@ -131,54 +122,97 @@ DAMAGES = [
 ]
 
 
-def test_damaged_entries_are_ignored_and_recompiled(tmp_path: Path) -> None:
-    cold_dir = tmp_path / "cold"
-    (cold,), _ = _run([cold_dir], ["mlp"])
-    entries = _entries(cold_dir)
-    assert len(entries) == cold["counters"]["store"] >= 1
-    dirs = []
-    for damage in DAMAGES:
-        d = tmp_path / damage.__name__.strip("_")
-        shutil.copytree(cold_dir, d)
-        for p in _entries(d):
-            damage(p)
-        dirs.append(d)
+class Runs:
+    """Every subprocess of this file, run once (process start dominates their cost): a
+    cold process that fills ``all`` (every program) and ``mlp`` (the MLP alone, the
+    source of the damaged copies), started together with a second process that, like the
+    first, compiles the MLP into ``shared`` first (two writers of the same keys at once);
+    then one warm process over ``all``, ``shared`` and every damaged copy (twice each)."""
+
+    def __init__(self, root: Path) -> None:
+        self.all, self.mlp, self.shared = root / "all", root / "mlp", root / "shared"
+        first = _start([(self.shared, ["mlp"], 1), (self.all, COLD, 1), (self.mlp, ["mlp"], 1)])
+        second = _start([(self.shared, ["mlp"], 1)])
+        cold, _ = _wait(first)
+        self.concurrent = [cold[0], _wait(second)[0][0]]
+        self.cold = {r["name"]: r for r in cold[1:-1]}
+        self.cold_mlp = cold[-1]
+        self.mlp_entries = _entries(self.mlp)
+        self.damaged = []
+        for damage in DAMAGES:
+            d = root / damage.__name__.strip("_")
+            shutil.copytree(self.mlp, d)
+            for p in _entries(d):
+                damage(p)
+            self.damaged.append(d)
+        # the shared directory is checked before the warm run reads it
+        self.shared_entries = _entries(self.shared)
+        self.leftovers = [p for p in self.shared.rglob("*") if p.name.startswith(".tmp")]
+        spec: Spec = [(self.all, WARM, 1), (self.shared, ["mlp"], 1)]
+        spec += [(d, ["mlp"], 2) for d in self.damaged]
+        warm, self.warm_stderr = _wait(_start(spec))
+        self.warm = {r["name"]: r for r in warm[: len(WARM)]}
+        self.shared_warm = warm[len(WARM)]
+        rest = warm[len(WARM) + 1 :]
+        self.damaged_runs = list(zip(rest[::2], rest[1::2], strict=True))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("disk_cache"))
+
+
+def test_cold_then_warm(runs: Runs) -> None:
+    # one process compiles every program cold, a fresh one runs them warm
+    for name in COLD:
+        c, w = runs.cold[name], runs.warm[name]
+        _same(c, w)
+        assert c["counters"].get("trace", 0) >= 1, (name, c["counters"])
+        assert c["counters"].get("store", 0) == c["counters"]["trace"], (name, c["counters"])
+        # no trace ran: every compilation came from the disk
+        assert "trace" not in w["counters"], (name, w["counters"])
+        assert w["counters"]["hit"] == c["counters"]["store"], (name, w["counters"])
+
+
+def test_dynamic_entry_used_only_where_its_guards_hold(runs: Runs) -> None:
+    # See Note [Dynamic shapes in the on-disk cache]: other sizes >= 2 satisfy the cold
+    # entry's guards (no trace); a size of 1 does not (traced again, stored as a second
+    # entry of the same key); both agree with eager (checked in the program)
+    other, one = runs.warm["dynamic_other"], runs.warm["dynamic_one"]
+    assert other["eager_ok"] and one["eager_ok"]
+    assert other["counters"] == {"hit": 1}, other["counters"]
+    assert one["counters"].get("guard_fail", 0) >= 1, one["counters"]
+    assert one["counters"].get("trace") == 1 and one["counters"].get("store") == 1
+    assert "hit" not in one["counters"] and "reject" not in one["counters"]
+
+
+def test_damaged_entries_are_ignored_and_recompiled(runs: Runs) -> None:
+    n = len(runs.mlp_entries)
+    assert n == runs.cold_mlp["counters"]["store"] >= 1
+    assert "aotkit cache: ignoring entry" in runs.warm_stderr
     # per directory: a run that finds the damaged entries, then one that finds the
     # entries the first rewrote
-    results, stderr = _run(dirs, ["mlp"], repeat=2)
-    assert "aotkit cache: ignoring entry" in stderr
-    for d, (warm, again) in zip(dirs, zip(results[::2], results[1::2], strict=True), strict=True):
-        assert warm["counters"].get("reject") == len(entries), (d.name, warm["counters"])
-        assert warm["counters"].get("trace") == len(entries), (d.name, warm["counters"])
-        _same(cold, warm)
-        assert again["counters"] == {"hit": len(entries)}, (d.name, again["counters"])
-        _same(cold, again)
+    for d, (warm, again) in zip(runs.damaged, runs.damaged_runs, strict=True):
+        assert warm["dir"] == again["dir"] == str(d)
+        assert warm["counters"].get("reject") == n, (d.name, warm["counters"])
+        assert warm["counters"].get("trace") == n, (d.name, warm["counters"])
+        _same(runs.cold_mlp, warm)
+        assert again["counters"] == {"hit": n}, (d.name, again["counters"])
+        _same(runs.cold_mlp, again)
 
 
-def test_two_processes_compiling_at_once_leave_valid_entries(tmp_path: Path) -> None:
-    procs = [
-        subprocess.Popen(_argv([tmp_path], ["mlp"]), env=_env(),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(2)
-    ]
-    results = []
-    for p in procs:
-        try:
-            out, err = p.communicate(timeout=600)
-        finally:
-            p.kill()
-        assert p.returncode == 0, err[-3000:]
-        results.extend(_parse(out))
+def test_two_processes_compiling_at_once_leave_valid_entries(runs: Runs) -> None:
+    results = runs.concurrent
     _same(results[0], results[1])
-    assert not [p for p in tmp_path.rglob("*") if p.name.startswith(".tmp")]
-    entries = _entries(tmp_path)
+    assert not runs.leftovers
+    entries = runs.shared_entries
     # each process stored every entry or (when the other was faster) found it
     for r in results:
         assert r["counters"].get("store", 0) + r["counters"].get("hit", 0) == len(entries) >= 1
     for p in entries:  # each a complete, checksummed document
         doc = json.loads(p.read_text())
         assert hashlib.sha256(doc["payload"].encode()).hexdigest() == doc["sha256"]
-    (warm,), _ = _run([tmp_path], ["mlp"])
+    warm = runs.shared_warm
     assert "trace" not in warm["counters"] and "reject" not in warm["counters"]
     _same(results[0], warm)
 

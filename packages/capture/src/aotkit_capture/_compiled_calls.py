@@ -20,7 +20,7 @@ from aotkit_runtime import (
     make_autograd_function,
 )
 from aotkit_schemas import AOTConfig, PartitionResult, ViewAndMutationMeta
-from torch._guards import detect_fake_mode
+from torch._guards import TracingContext, detect_fake_mode, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._autocast import autocast_at_compile, run_without_autocast, without_autocast_compiling
@@ -98,12 +98,23 @@ def _backward_compiler(
     fake_mode = detect_fake_mode(list(fake)) or FakeTensorMode()
     symbolic = fake_mode.shape_env is not None
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
+    # the compile's TracingContext (dynamo's), entered again for the backward: Inductor's
+    # FX graph cache reads the ShapeEnv from it and bypasses the cache without one
+    saved = TracingContext.try_get()
 
     def compile_backward() -> Callable[..., Any]:
         # Like torch, the backward is compiled at the first backward call, under the
-        # forward's fake mode; the autograd.Function caches the result.
+        # forward's fake mode (and the forward's TracingContext); the autograd.Function
+        # caches the result.
+        context = (
+            tracing(saved)
+            if saved is not None and TracingContext.try_get() is None
+            else contextlib.nullcontext()
+        )
         no_amp = torch._C._DisableAutocast() if disable_amp else contextlib.nullcontext()
-        with _tracing_context(fake_mode, symbolic), track_graph_compiling(cfg, "backward"):
+        with context, _tracing_context(fake_mode, symbolic), track_graph_compiling(
+            cfg, "backward"
+        ):
             with no_amp:
                 compiled: Callable[..., Any] = backward_with_tokens(
                     cfg.bw_compiler(bw_module, bw_example), n_bw_tokens

@@ -34,9 +34,12 @@
 #     nop recompiles from the graph (cheap); ``aotkit_inductor``'s compilers call
 #     ``compile_fx_inner``, whose FX graph cache (keyed on the graph, inputs and Inductor's
 #     config, in Inductor's own cache directory) serves the compiled artifact.
-#   * Not stored (compiled every time, never an error): graphs with symbolic sizes
-#     (dynamic shapes: no entry is stored, so no entry can be used where its shape guards
-#     would not hold), tensor subclass inputs/outputs, graphs with higher-order ops (the
+#   * Graphs with symbolic sizes carry their shape facts (sizes as JSON expression trees,
+#     the ShapeEnv's guards) and are used only where those hold: See Note [Dynamic shapes
+#     in the on-disk cache]. Such entries are ``<key>-<hash of the facts>.json``: one key
+#     may hold several (one per specialization), tried newest first.
+#   * Not stored (compiled every time, never an error): tensor subclass inputs/outputs,
+#     aliased inputs under dynamic shapes, graphs with higher-order ops (the
 #     functionalized RNG's ``run_and_save_rng_state``), tensor constants, exports, and
 #     programs, inputs or compilers the key cannot describe (``Uncacheable``).
 # When: off by default for aot_function/aot_module (and then only with compilers and a
@@ -75,6 +78,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
 from ._disk_cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
+from ._disk_cache_symbolic import SymbolicForm, eval_tree
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +101,21 @@ def entry_path(key: str) -> pathlib.Path:
     return _entries_root() / key[:2] / f"{key}.json"
 
 
-_ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.json|\.tmp.*\.part")
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}(-[0-9a-f]{16})?\.json|\.tmp.*\.part")
+
+
+def variants(key: str) -> list[str]:
+    """The names of the entries stored under ``key`` with shape facts (``<key>-<hash>``),
+    newest first. See Note [Dynamic shapes in the on-disk cache]."""
+    try:
+        found = [
+            (p.stat().st_mtime_ns, p.stem)
+            for p in entry_path(key).parent.glob(f"{key}-*.json")
+            if _ENTRY_NAME.fullmatch(p.name)
+        ]
+    except OSError:
+        return []
+    return [name for _, name in sorted(found, reverse=True)]
 
 
 def _entry_files() -> list[pathlib.Path]:
@@ -174,7 +192,7 @@ def load(key: str) -> dict[str, Any] | None:
         return _reject(path, f"unreadable ({e})")
     try:
         doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         return _reject(path, f"not valid JSON ({e})")
     if not isinstance(doc, dict):
         return _reject(path, "not a JSON object")
@@ -188,7 +206,7 @@ def load(key: str) -> dict[str, Any] | None:
         return _reject(path, "checksum mismatch")
     try:
         payload = json.loads(text)
-    except ValueError as e:
+    except (ValueError, RecursionError) as e:
         return _reject(path, f"payload is not valid JSON ({e})")
     if not isinstance(payload, dict):
         return _reject(path, "payload is not a JSON object")
@@ -302,20 +320,29 @@ def _arg_from_json(a: Any, env: dict[str, torch.fx.Node]) -> Any:
     raise CacheFormatError(f"bad graph argument {a!r}")
 
 
-def _val_to_json(val: Any) -> Any:
+def _val_to_json(val: Any, form: SymbolicForm | None) -> Any:
     if isinstance(val, torch.Tensor):
         spec = TensorSpec.of(val)
         if not spec.is_static:
-            raise Uncacheable("a graph value has symbolic sizes")
+            if form is None:
+                raise Uncacheable("a graph value has symbolic sizes")
+            # See Note [Dynamic shapes in the on-disk cache]
+            sym = form.tensor(val)
+            sym["dtype"], sym["device"] = dtype_name(val.dtype), str(val.device)
+            return {"ST": sym, "rg": val.requires_grad}
         return {"T": spec.to_json(), "rg": val.requires_grad}
+    if isinstance(val, torch.SymInt):
+        if form is None:
+            raise Uncacheable("a graph value is a SymInt")
+        return {"si": form.tree(val)}
     if isinstance(val, (list, tuple)):
-        return {"l": [_val_to_json(v) for v in val]}
+        return {"l": [_val_to_json(v, form) for v in val]}
     if val is None or isinstance(val, (bool, int, float)):
         return {"s": None if val is None else type(val).__name__}
     raise Uncacheable(f"a graph value of type {type(val).__name__} has no cache form")
 
 
-def _val_from_json(d: Any, fake_mode: FakeTensorMode) -> Any:
+def _val_from_json(d: Any, fake_mode: FakeTensorMode, env: dict[str, Any] | None) -> Any:
     if not isinstance(d, dict) or len(d) not in (1, 2):
         raise CacheFormatError("bad node value")
     if "T" in d:
@@ -332,15 +359,46 @@ def _val_from_json(d: Any, fake_mode: FakeTensorMode) -> Any:
         if d.get("rg") is True:
             t.requires_grad_(True)
         return t
+    if "ST" in d and env is not None:
+        return _symbolic_tensor(d, fake_mode, env)
+    if "si" in d and env is not None:
+        v = eval_tree(d["si"], env)
+        if not isinstance(v, (int, torch.SymInt)) or isinstance(v, bool):
+            raise CacheFormatError("a SymInt value is not an int")
+        return v
     if "l" in d and isinstance(d["l"], list):
-        return [_val_from_json(v, fake_mode) for v in d["l"]]
+        return [_val_from_json(v, fake_mode, env) for v in d["l"]]
     if "s" in d:
         return None  # a Python scalar: its value is not part of the graph's metadata
     raise CacheFormatError("bad node value")
 
 
-def graph_to_json(gm: torch.fx.GraphModule) -> dict[str, Any]:
-    """``gm``'s graph in the structured form of Note [On-disk compile cache]."""
+def _symbolic_tensor(d: dict[str, Any], fake_mode: FakeTensorMode, env: dict[str, Any]) -> Any:
+    spec = d["ST"]
+    if not isinstance(spec, dict):
+        raise CacheFormatError("bad symbolic tensor")
+    size, stride = spec.get("size"), spec.get("stride")
+    dtype, device = spec.get("dtype"), spec.get("device")
+    if not isinstance(size, list) or not isinstance(stride, list) or len(size) != len(stride):
+        raise CacheFormatError("bad symbolic tensor")
+    if not isinstance(dtype, str) or not isinstance(device, str):
+        raise CacheFormatError("bad symbolic tensor")
+    dims = [eval_tree(x, env) for x in (*size, *stride)]
+    if not all(isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool) for x in dims):
+        raise CacheFormatError("a size is not an int")
+    with fake_mode:
+        t = torch.empty_strided(
+            dims[: len(size)], dims[len(size):], dtype=dtype_from_name(dtype),
+            device=torch.device(device),
+        )
+    if d.get("rg") is True:
+        t.requires_grad_(True)
+    return t
+
+
+def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) -> dict[str, Any]:
+    """``gm``'s graph in the structured form of Note [On-disk compile cache]; ``form``
+    converts symbolic sizes (See Note [Dynamic shapes in the on-disk cache])."""
     nodes = []
     for node in gm.graph.nodes:
         if node.op not in ("placeholder", "call_function", "output"):
@@ -353,13 +411,16 @@ def graph_to_json(gm: torch.fx.GraphModule) -> dict[str, Any]:
         entry["args"] = _arg_to_json(tuple(node.args))
         entry["kwargs"] = {k: _arg_to_json(v) for k, v in node.kwargs.items()}
         if node.op != "output":
-            entry["val"] = _val_to_json(node.meta.get("val"))
+            entry["val"] = _val_to_json(node.meta.get("val"), form)
         nodes.append(entry)
     return {"nodes": nodes}
 
 
-def graph_from_json(d: Any, fake_mode: FakeTensorMode) -> torch.fx.GraphModule:
-    """The GraphModule ``graph_to_json`` described; node values become fakes in ``fake_mode``."""
+def graph_from_json(
+    d: Any, fake_mode: FakeTensorMode, symbols: dict[str, Any] | None = None
+) -> torch.fx.GraphModule:
+    """The GraphModule ``graph_to_json`` described; node values become fakes in
+    ``fake_mode``, symbolic sizes are evaluated with ``symbols``."""
     if not isinstance(d, dict) or not isinstance(d.get("nodes"), list):
         raise CacheFormatError("a graph must be an object with a node list")
     graph = torch.fx.Graph()
@@ -389,7 +450,7 @@ def graph_from_json(d: Any, fake_mode: FakeTensorMode) -> torch.fx.GraphModule:
         if node.name != name:
             raise CacheFormatError(f"node name {name!r} is not a valid identifier")
         if op != "output":
-            node.meta["val"] = _val_from_json(entry.get("val"), fake_mode)
+            node.meta["val"] = _val_from_json(entry.get("val"), fake_mode, symbols)
         env[name] = node
     try:
         graph.lint()

@@ -7,6 +7,8 @@ compile cache] in ``_disk_cache``.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,11 +20,15 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._compile import CompiledArtifacts, Runner, compile_traced, finish
+from ._compile import _fakify as fakify_compiled
 from ._compiled_calls import inference_call, training_call
-from ._disk_cache import cache_counters, reject_payload
+from ._disk_cache import cache_counters, reject_payload, variants
 from ._disk_cache import load as cache_load
 from ._disk_cache import store as cache_store
 from ._disk_cache_entry import CacheSidecar, cache_key_or_none, entry_payload, read_entry
+from ._disk_cache_key import symbolic_kind
+from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, restored_guard
+from ._fakify import construct_fake_mode
 from ._paths import notify_compiled
 from ._trace import FlatFn
 
@@ -45,20 +51,55 @@ def compile_flat(
     compile cache].
     """
     key = cache_key_or_none(cache_identity, flat_args, cfg)
+    symbolic = key is not None and symbolic_kind(flat_args, cfg) is not None
     if key is not None:
-        payload = cache_load(key)
-        if payload is not None:
-            restored = _restore(key, payload, flat_args, cfg, cache_sidecar)
-            if restored is not None:
-                cache_counters["hit"] += 1
-                return restored
+        restored = _lookup(key, symbolic, flat_args, cfg, cache_sidecar)
+        if restored is not None:
+            cache_counters["hit"] += 1
+            return restored
     cache_counters["trace"] += 1
     runner, artifacts = compile_traced(flat_fn, flat_args, cfg)
     if key is not None:
-        payload = entry_payload(artifacts, cache_sidecar)
+        payload = entry_payload(artifacts, cache_sidecar, symbolic)
         if payload is not None:
-            cache_store(key, payload)
+            name = key
+            if "shape" in payload:  # See Note [Dynamic shapes in the on-disk cache]
+                facts = json.dumps(payload["shape"], sort_keys=True).encode()
+                name = f"{key}-{hashlib.sha256(facts).hexdigest()[:16]}"
+            cache_store(name, payload)
     return runner, artifacts
+
+
+def _lookup(
+    key: str,
+    symbolic: bool,
+    flat_args: Sequence[Any],
+    cfg: AOTConfig,
+    sidecar: CacheSidecar | None,
+) -> tuple[Runner, CompiledArtifacts] | None:
+    if not symbolic:
+        payload = cache_load(key)
+        return None if payload is None else _restore(key, payload, flat_args, cfg, sidecar)
+    # See Note [Dynamic shapes in the on-disk cache]: the newest entry whose facts hold
+    names = variants(key)
+    if not names:
+        cache_counters["miss"] += 1
+    for name in names:
+        payload = cache_load(name)
+        if payload is None:
+            continue
+        try:
+            applies = "shape" in payload and check_facts(payload["shape"], flat_args)
+        except CacheFormatError as e:
+            reject_payload(name, str(e))
+            continue
+        if not applies:
+            cache_counters["guard_fail"] += 1
+            continue
+        restored = _restore(name, payload, flat_args, cfg, sidecar)
+        if restored is not None:
+            return restored
+    return None
 
 
 def _restore(
@@ -70,9 +111,14 @@ def _restore(
 ) -> tuple[Runner, CompiledArtifacts] | None:
     """The compiled entry for a checksummed payload, or None (logged) when it does not
     check out against the inputs. See Note [On-disk compile cache]."""
-    fake_mode = detect_fake_mode(list(flat_args)) or FakeTensorMode()
+    symbolic = "shape" in payload
+    fake_mode = detect_fake_mode(list(flat_args))
+    own_mode = fake_mode is None
     try:
-        entry = read_entry(payload, fake_mode)
+        env = None
+        if symbolic:
+            fake_mode, fake, env = _symbolic_inputs(payload["shape"], flat_args, cfg)
+        entry = read_entry(payload, fake_mode or FakeTensorMode(), env)
         users = entry.mutated_user_inputs
         layout = (
             compute_input_layout(flat_args)
@@ -84,8 +130,11 @@ def _restore(
         graph = entry.partition.fw_module if entry.partition else entry.inference
         assert graph is not None
         meta = entry.meta
-        fake = _compiled_fakes(graph, meta, layout.num_compiled_inputs)
-        _check_inputs(fake, flat_args, layout)
+        if symbolic:
+            _use_fakes(graph, fake, meta)
+        else:
+            fake = _compiled_fakes(graph, meta, layout.num_compiled_inputs)
+            _check_inputs(fake, flat_args, layout)
         if sidecar is not None:
             sidecar.load_json(payload.get("sidecar"))
         artifacts = CompiledArtifacts(
@@ -99,6 +148,8 @@ def _restore(
             stale_tangents=entry.stale_tangents,
             backward_mutated_inputs=entry.backward_mutated_inputs,
         )
+        if symbolic and own_mode:
+            artifacts.guard = restored_guard(payload["shape"], layout)
         if entry.partition is not None:
             artifacts.partition = entry.partition
             artifacts.fw_module = entry.partition.fw_module
@@ -115,6 +166,34 @@ def _restore(
         return None
     notify_compiled(artifacts)
     return finish(call, artifacts, meta, layout, cfg, fake, flat_args, None, entry.relative)
+
+
+def _symbolic_inputs(
+    facts: dict[str, Any], flat_args: Sequence[Any], cfg: AOTConfig
+) -> tuple[FakeTensorMode, list[Any], dict[str, Any]]:
+    """Fakes of the inputs with the cached entry's symbols bound to theirs, and the cached
+    guards asserted in their ShapeEnv. See Note [Dynamic shapes in the on-disk cache]."""
+    layout = compute_input_layout(flat_args)
+    if not layout.is_trivial:
+        raise CacheFormatError("a symbolic entry for aliased inputs")
+    # aot_function(dynamic=True): a fresh ShapeEnv, as a trace makes; under dynamo, its
+    # own, whose symbols the fakes of its inputs take (See Note [Shape guards])
+    fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=True)
+    fake = fakify_compiled(flat_args, layout, cfg, fake_mode, shape_env)
+    env = bind_symbols(facts, fake)
+    install_guards(facts, env)
+    return fake_mode, fake, env
+
+
+def _use_fakes(graph: torch.fx.GraphModule, fake: Sequence[Any], meta: Any) -> None:
+    """The compiled inputs' fakes become the graph's placeholder values (as in a trace)."""
+    nodes = list(graph.graph.find_nodes(op="placeholder"))
+    if len(nodes) != len(fake) or len(meta.input_info) != len(fake):
+        raise CacheFormatError("the cached graph takes another number of inputs")
+    for node, f, info in zip(nodes, fake, meta.input_info, strict=True):
+        if isinstance(f, torch.Tensor) and info.requires_grad != f.requires_grad:
+            raise CacheFormatError("an input's requires_grad differs from the cached one")
+        node.meta["val"] = f
 
 
 def _compiled_fakes(graph: torch.fx.GraphModule, meta: Any, n_inputs: int) -> list[Any]:

@@ -16,10 +16,12 @@ from aotkit_schemas import (
     meta_from_json,
     meta_to_json,
 )
+from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._disk_cache import cache_counters, graph_from_json, graph_to_json
 from ._disk_cache_key import Uncacheable, entry_key
+from ._disk_cache_symbolic import SymbolicForm
 
 if TYPE_CHECKING:
     from ._compile import CompiledArtifacts
@@ -47,12 +49,19 @@ def cache_key_or_none(identity: str | None, flat_args: Sequence[Any], cfg: AOTCo
         cache_counters["uncacheable"] += 1
         log.debug("aotkit cache: not caching this compilation: %s", e)
         return None
+    except Exception as e:  # never an error: See Note [On-disk compile cache]
+        cache_counters["uncacheable"] += 1
+        log.warning("aotkit cache: could not key this compilation (%s: %s); not caching it",
+                    type(e).__name__, e)
+        return None
 
 
 def entry_payload(
-    artifacts: CompiledArtifacts, sidecar: CacheSidecar | None
+    artifacts: CompiledArtifacts, sidecar: CacheSidecar | None, symbolic: bool = False
 ) -> dict[str, Any] | None:
-    """The JSON payload of a fresh compilation, or None when part of it has no cache form."""
+    """The JSON payload of a fresh compilation, or None when part of it has no cache form.
+    ``symbolic``: traced with symbolic sizes; the payload then carries the entry's shape
+    facts (See Note [Dynamic shapes in the on-disk cache])."""
     try:
         if artifacts.subclass_layer:
             raise Uncacheable("tensor subclass inputs or outputs")
@@ -73,18 +82,45 @@ def entry_payload(
             "backward_mutated_inputs": list(artifacts.backward_mutated_inputs),
             "sidecar": None if sidecar is None else sidecar.to_json(),
         }
+        form = _symbolic_form(artifacts) if symbolic else None
+        if form is not None:
+            payload["shape"] = form.facts(_placeholder_values(artifacts))
         if artifacts.partition is not None:
-            payload["fw"] = graph_to_json(artifacts.partition.fw_module)
-            payload["bw"] = graph_to_json(artifacts.partition.bw_module)
+            payload["fw"] = graph_to_json(artifacts.partition.fw_module, form)
+            payload["bw"] = graph_to_json(artifacts.partition.bw_module, form)
         elif artifacts.inference_module is not None:
-            payload["inference"] = graph_to_json(artifacts.inference_module)
+            payload["inference"] = graph_to_json(artifacts.inference_module, form)
         else:
             raise Uncacheable("no graph to store")
     except (Uncacheable, CacheFormatError) as e:
         cache_counters["uncacheable"] += 1
         log.debug("aotkit cache: not storing this compilation: %s", e)
         return None
+    except Exception as e:  # never an error: See Note [On-disk compile cache]
+        cache_counters["uncacheable"] += 1
+        log.warning("aotkit cache: could not store this compilation (%s: %s)",
+                    type(e).__name__, e)
+        return None
     return payload
+
+
+def _placeholder_values(artifacts: CompiledArtifacts) -> list[Any]:
+    graph = artifacts.partition.fw_module if artifacts.partition else artifacts.inference_module
+    if graph is None:
+        raise Uncacheable("no graph to store")
+    values = [n.meta.get("val") for n in graph.graph.find_nodes(op="placeholder")]
+    if len(values) != len(artifacts.meta.input_info):
+        raise Uncacheable("the graph's inputs are not the compiled inputs")
+    return values
+
+
+def _symbolic_form(artifacts: CompiledArtifacts) -> SymbolicForm:
+    if not artifacts.layout.is_trivial:
+        raise Uncacheable("aliased or duplicated inputs under dynamic shapes")
+    mode = detect_fake_mode(_placeholder_values(artifacts))
+    if mode is None or mode.shape_env is None:
+        raise Uncacheable("a dynamic-shape graph without a ShapeEnv")
+    return SymbolicForm(mode.shape_env)
 
 
 @dataclass(frozen=True)
@@ -103,8 +139,12 @@ class CachedEntry:
     inference: torch.fx.GraphModule | None
 
 
-def read_entry(payload: dict[str, Any], fake_mode: FakeTensorMode) -> CachedEntry:
-    """Check and rebuild a payload; raises CacheFormatError (or the constructors' errors)."""
+def read_entry(
+    payload: dict[str, Any], fake_mode: FakeTensorMode, env: dict[str, Any] | None = None
+) -> CachedEntry:
+    """Check and rebuild a payload; raises CacheFormatError (or the constructors' errors).
+    ``env``: the symbols of a symbolic entry (See Note [Dynamic shapes in the on-disk
+    cache])."""
     meta = meta_from_json(payload.get("meta"))
     layout_key = payload.get("layout_key")
     users = payload.get("mutated_user_inputs")
@@ -133,11 +173,11 @@ def read_entry(payload: dict[str, Any], fake_mode: FakeTensorMode) -> CachedEntr
     partition = None
     inference = None
     if meta.is_train:
-        fw = graph_from_json(payload.get("fw"), fake_mode)
-        bw = graph_from_json(payload.get("bw"), fake_mode)
+        fw = graph_from_json(payload.get("fw"), fake_mode, env)
+        bw = graph_from_json(payload.get("bw"), fake_mode, env)
         partition = PartitionResult.from_modules(fw, bw, meta.num_forward_returns)
     else:
-        inference = graph_from_json(payload.get("inference"), fake_mode)
+        inference = graph_from_json(payload.get("inference"), fake_mode, env)
     return CachedEntry(
         meta=meta,
         layout_key=layout_key,

@@ -9,7 +9,9 @@
 #     flag; custom autograd.Functions by the code of forward, backward, setup_context, vjp
 #     and jvp, so they are cacheable rather than refused); under torch.compile, dynamo's
 #     GraphModule code and its submodules';
-#   * every input's metadata: type, dtype, device, layout, sizes, strides, storage offset,
+#   * every input's metadata: type, dtype, device, layout, sizes, strides, storage offset
+#     (with symbolic sizes, what the entry's shape facts do not check: See Note [Dynamic
+#     shapes in the on-disk cache]),
 #     requires_grad, the aliasing pattern (which inputs share storage), and the values of
 #     Python scalars (traced as constants);
 #   * ambient state, ``ambient_state_key()``: the in-memory compile key's ``ambient_key()``
@@ -24,7 +26,7 @@
 # Modules are fingerprinted with every attribute that is not nn.Module bookkeeping (private
 # ones too); dynamo graphs are refused when a get_attr reads a tensor constant.
 # Anything the fingerprint cannot describe safely (an object of unknown type in a global,
-# a module with hooks, a tensor attribute, a symbolic size) raises ``Uncacheable``: the
+# a module with hooks, a tensor attribute, a symbol no input binds) raises ``Uncacheable``: the
 # compilation then simply is not cached. Being unable to cache is never an error.
 """
 
@@ -34,7 +36,7 @@ import enum
 import functools
 import hashlib
 import importlib.util
-import pathlib
+import os
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -79,18 +81,31 @@ def ambient_state_key() -> tuple[Any, ...]:
 def aotkit_source_hash() -> str:
     """A hash of every aotkit package's Python sources: each file's path, size and
     modification time (a development checkout changes without a version bump; reading
-    every file would cost a warm start tens of milliseconds)."""
+    every file would cost a warm start tens of milliseconds). ``os.scandir``, not
+    pathlib: this runs on every warm start, and pathlib's globbing cost milliseconds."""
     h = hashlib.sha256()
     for name in _AOTKIT_PACKAGES:
         spec = importlib.util.find_spec(name)
         if spec is None or not spec.submodule_search_locations:
             h.update(f"{name}:absent".encode())
             continue
-        root = pathlib.Path(next(iter(spec.submodule_search_locations)))
-        for path in sorted(root.rglob("*.py")):
-            st = path.stat()
-            h.update(f"{path.relative_to(root)}:{st.st_size}:{st.st_mtime_ns}".encode())
+        root = next(iter(spec.submodule_search_locations))
+        files: list[tuple[str, int, int]] = []
+        _scan_sources(root, "", files)
+        for rel, size, mtime in sorted(files):
+            h.update(f"{name}/{rel}:{size}:{mtime}".encode())
     return h.hexdigest()
+
+
+def _scan_sources(path: str, rel: str, out: list[tuple[str, int, int]]) -> None:
+    with os.scandir(path) as entries:
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                if e.name != "__pycache__":
+                    _scan_sources(e.path, f"{rel}{e.name}/", out)
+            elif e.name.endswith(".py"):
+                st = e.stat()
+                out.append((f"{rel}{e.name}", st.st_size, st.st_mtime_ns))
 
 
 class _Fingerprint:
@@ -287,7 +302,37 @@ def program_fingerprint(program: Any) -> str:
     return fp.hexdigest()
 
 
-def _input_key(flat_args: Sequence[Any]) -> list[Any]:
+def symbolic_kind(flat_args: Sequence[Any], cfg: AOTConfig) -> str | None:
+    """How a compilation traces symbolic sizes (See Note [Dynamic shapes in the on-disk
+    cache]): "fresh" (aot_function(dynamic=True): aotkit makes the ShapeEnv), "caller"
+    (a fake mode with a ShapeEnv came with the inputs or dynamo's tracing context, and a
+    SymInt or a symbolic fake is among the inputs), or None (static sizes)."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode(list(flat_args))
+    if mode is None:
+        return "fresh" if cfg.dynamic_shapes else None
+    if mode.shape_env is None:
+        return None
+    for a in flat_args:
+        if isinstance(a, torch.SymInt):
+            return "caller"
+        if _is_fake(a) and not all(
+            type(d) is int for d in (*a.shape, *a.stride(), a.storage_offset())
+        ):
+            return "caller"
+    return None
+
+
+def _input_key(flat_args: Sequence[Any], cfg: AOTConfig) -> list[Any]:
+    """Every input's metadata. With symbolic sizes (See Note [Dynamic shapes in the
+    on-disk cache]): the sizes of real inputs past the parameters and the values of ints
+    are left to the entry's shape facts; dynamo's fakes are keyed by their expressions."""
+    from ._disk_cache_symbolic import Canonical
+
+    kind = symbolic_kind(flat_args, cfg)
+    symbolic = kind is not None
+    canon = Canonical()
     storages: dict[int, int] = {}
     out: list[Any] = []
     for i, a in enumerate(flat_args):
@@ -296,19 +341,30 @@ def _input_key(flat_args: Sequence[Any]) -> list[Any]:
                 raise Uncacheable(f"input {i} is a {type(a).__name__}")
             if a.is_sparse or a.is_mkldnn or a.is_nested:
                 raise Uncacheable(f"input {i} has layout {a.layout}")
-            dims = (*a.shape, *a.stride(), a.storage_offset())
+            dims: tuple[Any, ...] = (*a.shape, *a.stride(), a.storage_offset())
+            nbytes: Any = None
             if not all(type(d) is int for d in dims):
-                raise Uncacheable(f"input {i} has symbolic sizes")
+                if not symbolic:
+                    raise Uncacheable(f"input {i} has symbolic sizes")
+                dims = tuple(canon.dim(d) for d in dims)
+            elif kind == "fresh" and i >= cfg.num_params_buffers:
+                dims = ("dynamic", a.dim())
+            else:
+                nbytes = a.untyped_storage().nbytes()
             storage = storages.setdefault(a.untyped_storage()._cdata, i)
             out.append((
                 "T", type(a) is torch.nn.Parameter, str(a.dtype), str(a.device), str(a.layout),
-                tuple(dims), a.requires_grad, a.is_leaf, storage,
-                a.untyped_storage().nbytes(), a._is_view(),
+                tuple(dims), a.requires_grad, a.is_leaf, storage, nbytes, a._is_view(),
             ))
+        elif isinstance(a, torch.SymInt) and symbolic:
+            out.append(("SymInt", canon.dim(a)))
+        elif type(a) is int and kind == "fresh":
+            out.append(("int",))  # a SymInt in the trace
         elif isinstance(a, _PLAIN):
             out.append((type(a).__name__, a))
         else:
             raise Uncacheable(f"input {i} is a {type(a).__name__}")
+    out.append(("shape_env", canon.state()))
     return out
 
 
@@ -338,22 +394,22 @@ def _decomposition_key(table: Any) -> list[Any]:
 def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
     """The cache key of compiling the program ``identity`` for ``flat_args`` under ``cfg``
     and the current ambient state. Raises Uncacheable. See Note [On-disk cache keys]."""
-    if cfg.is_export or cfg.dynamic_shapes or cfg.pre_dispatch:
-        raise Uncacheable("exports and dynamic-shape compilations are not cached")
+    if cfg.is_export or cfg.pre_dispatch:
+        raise Uncacheable("exports are not cached")
+    symbolic = symbolic_kind(flat_args, cfg)
     parts = [
         ("format", CACHE_FORMAT),
         ("torch", torch.__version__),
         ("aotkit", aotkit_source_hash()),
         ("program", identity),
-        ("inputs", _input_key(flat_args)),
+        ("inputs", _input_key(flat_args, cfg)),
         ("ambient", [repr(x) for x in ambient_state_key()]),
         ("partitioner", _callable_key("partitioner", cfg.partition_fn)),
         ("fw", _callable_key("forward compiler", cfg.fw_compiler)),
         ("bw", _callable_key("backward compiler", cfg.bw_compiler)),
         ("inference", _callable_key("inference compiler", cfg.inference_compiler)),
         ("decompositions", _decomposition_key(cfg.decompositions)),
-        ("config", cfg.keep_inference_input_mutations, cfg.disable_functionalization,
-         cfg.num_params_buffers, cfg.no_tangents,
-         tuple(cfg.static_input_indices or ())),
+        ("config", symbolic, cfg.keep_inference_input_mutations, cfg.disable_functionalization,
+         cfg.num_params_buffers, cfg.no_tangents, tuple(cfg.static_input_indices or ())),
     ]
     return hashlib.sha256(repr(parts).encode()).hexdigest()

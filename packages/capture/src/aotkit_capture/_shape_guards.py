@@ -22,7 +22,9 @@
 #      guards pass runs, and when none does, the function is traced again for the new
 #      inputs and a new entry is added.
 # The guards are compiled once into one Python lambda, so a call costs the key plus one
-# comparison per guard (a few microseconds for a handful of dynamic inputs).
+# comparison per guard (a few microseconds for a handful of dynamic inputs). An entry
+# restored from the on-disk cache checks its stored shape facts instead (never eval'd
+# text: See Note [Dynamic shapes in the on-disk cache]).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class ShapeGuard:
     positions: tuple[int, ...]
     layout: InputLayout
     _check: Callable[[dict[str, Any]], bool]
+    # the failing guards, for an entry whose guards are not python expressions (an
+    # entry from the on-disk cache: See Note [Dynamic shapes in the on-disk cache])
+    _explain: Callable[[dict[str, Any]], list[str]] | None = None
 
     @classmethod
     def build(
@@ -89,6 +94,8 @@ class ShapeGuard:
 
     def failures(self, flat_args: Sequence[Any]) -> list[str]:
         """The guard expressions that ``flat_args`` violate (slow; for diagnostics)."""
+        if self._explain is not None:
+            return self._explain(self._locals(flat_args))
         from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP  # loaded by build()
 
         env = {**SYMPY_INTERP, "L": self._locals(flat_args)}
