@@ -27,6 +27,7 @@ from aotkit_runtime import (
     needs_epilogue,
     subclass_backward,
     subclass_forward,
+    tangent_layouts,
     unwrap_subclasses,
 )
 from aotkit_schemas import (
@@ -501,6 +502,7 @@ def _compile_training(
             subclasses.tangent_metas,
             subclasses.grad_metas,
             subclasses.zero_tangents(meta),
+            tangent_layouts(subclasses.unwrap_tangents(meta.traced_tangents)),
         )
 
     # the Function works on the user's values; only the compiled calls see the inner
@@ -510,6 +512,7 @@ def _compile_training(
         num_saved_tensors=partition.num_saved_tensors,
         num_saved_symints=partition.num_saved_symints,
         stale_tangents=artifacts.stale_tangents,
+        tangent_layouts=tangent_layouts(meta.traced_tangents),
     )
     wrapped_fw = subclass_forward(compiled_fw, subclasses.inp_metas, subclasses.fw_out_metas)
     return make_autograd_function(wrapped_fw, compile_subclass_backward, plan)

@@ -23,6 +23,7 @@ from aotkit_runtime import (
     check_rebuildable,
     create_subclass_metas,
     is_subclass,
+    make_unwrapper,
     rebuild,
     unwrap_subclasses,
     zero_tangent_maker,
@@ -90,6 +91,10 @@ class SubclassLayer:
             zero_tangent_maker(t, m)
             for t, m in zip(meta.traced_tangents, self.tangent_metas, strict=True)
         ]
+
+    def unwrap_tangents(self, tangents: Sequence[Any]) -> list[Any]:
+        """The traced tangents' inner tensors, in the backward graph's tangent order."""
+        return make_unwrapper(self.tangent_metas)(tangents)
 
     def _rebuild_all(self, metas: Sequence[SubclassOrPlainMeta], flat: Sequence[Any]) -> list[Any]:
         return [rebuild(m, flat, mirror_grad=True) for m in metas]

@@ -19,14 +19,19 @@ from ._subclass import subclass_backward as subclass_backward
 from ._subclass import subclass_forward as subclass_forward
 from ._subclass import unwrap_subclasses as unwrap_subclasses
 from ._subclass import zero_tangent_maker as zero_tangent_maker
+from ._tangent_layout import TangentLayout as TangentLayout
+from ._tangent_layout import coerce_tangent_layout as coerce_tangent_layout
+from ._tangent_layout import tangent_layouts as tangent_layouts
 
 __all__ = [
     "BACKWARD_MUTATION_CREATE_GRAPH",
     "AutogradPlan",
+    "TangentLayout",
     "ZeroTangent",
     "as_list_caller",
     "backward_with_tokens",
     "check_rebuildable",
+    "coerce_tangent_layout",
     "create_subclass_metas",
     "forward_with_tokens",
     "is_subclass",
@@ -38,6 +43,7 @@ __all__ = [
     "rebuild",
     "subclass_backward",
     "subclass_forward",
+    "tangent_layouts",
     "unwrap_subclasses",
     "zero_tangent_maker",
 ]

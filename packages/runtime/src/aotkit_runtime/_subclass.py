@@ -23,6 +23,7 @@ from aotkit_schemas import (
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._call import as_list_caller
+from ._tangent_layout import TangentLayout, coerce_tangent_layout
 
 Unwrapper = Callable[[Sequence[Any]], list[Any]]
 Wrapper = Callable[[Sequence[Any]], list[Any]]
@@ -385,11 +386,14 @@ def subclass_backward(
     tangent_metas: Sequence[SubclassOrPlainMeta],
     grad_metas: Sequence[SubclassOrPlainMeta],
     zero_tangents: Sequence[ZeroTangent | None],
+    inner_layouts: Sequence[TangentLayout | None] = (),
 ) -> Callable[[list[Any]], Sequence[Any]]:
     """A compiled backward graph called with ``(*saved, *tangents)`` where the tangents are
-    the user's values: they are coerced to the traced metadata, flattened (contiguous inner
-    tensors, as traced) and the gradients rebuilt with ``grad_metas``. Boxed.
-    ``zero_tangents``: per tangent, ``zero_tangent_maker``'s result."""
+    the user's values: they are coerced to the traced metadata, flattened (inner tensors
+    laid out as traced: ``inner_layouts``, per flat tangent, else contiguous) and the
+    gradients rebuilt with ``grad_metas``. Boxed. ``zero_tangents``: per tangent,
+    ``zero_tangent_maker``'s result. See Note [Tangent strides follow the outputs] in
+    aotkit_analysis."""
     call = as_list_caller(compiled)
     unwrap = make_unwrapper(tangent_metas)
     wrap = make_wrapper(grad_metas)
@@ -399,9 +403,11 @@ def subclass_backward(
             coerce_tangent(t, m, z)
             for t, m, z in zip(args[num_saved:], tangent_metas, zero_tangents, strict=True)
         ]
+        inner = unwrap(tangents)
+        layouts = inner_layouts or (None,) * len(inner)
         flat = [
-            t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t
-            for t in unwrap(tangents)
+            coerce_tangent_layout(t, lay) if isinstance(t, torch.Tensor) else t
+            for t, lay in zip(inner, layouts, strict=True)
         ]
         saved = args[:num_saved]
         args.clear()
