@@ -127,6 +127,8 @@ def tangent_like(t: torch.Tensor) -> torch.Tensor:
     the tangent the backward is traced for. See Note [Tangents of subclass outputs] and
     Note [Tangent strides follow the outputs]."""
     if is_traceable_wrapper_subclass(t):
+        # a tangent never requires grad (a subclass's flatten context may record it)
+        t = t.detach()
         coerce = getattr(t, "__coerce_tangent_metadata__", None)
         if coerce is not None:
             t = coerce()

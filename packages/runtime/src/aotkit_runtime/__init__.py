@@ -11,6 +11,7 @@ from ._epilogue import needs_epilogue as needs_epilogue
 from ._subclass import ZeroTangent as ZeroTangent
 from ._subclass import check_rebuildable as check_rebuildable
 from ._subclass import create_subclass_metas as create_subclass_metas
+from ._subclass import is_nested_int as is_nested_int
 from ._subclass import is_subclass as is_subclass
 from ._subclass import make_unwrapper as make_unwrapper
 from ._subclass import make_wrapper as make_wrapper
@@ -34,6 +35,7 @@ __all__ = [
     "coerce_tangent_layout",
     "create_subclass_metas",
     "forward_with_tokens",
+    "is_nested_int",
     "is_subclass",
     "make_autograd_function",
     "make_epilogue",

@@ -20,6 +20,7 @@ from aotkit_schemas import (
     SubclassOrPlainMeta,
     SymbolicOuter,
 )
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._call import as_list_caller
@@ -86,7 +87,11 @@ def _symbolic_outer(value: Any, size: tuple[Any, ...], stride: tuple[Any, ...]) 
             continue
         for is_stride, dims in ((False, inner.shape), (True, inner.stride())):
             for d, v in enumerate(dims):
-                if isinstance(v, torch.SymInt) and isinstance(v.node.expr, sympy.Symbol):
+                if (
+                    isinstance(v, torch.SymInt)
+                    and not is_nested_int(v)
+                    and isinstance(v.node.expr, sympy.Symbol)
+                ):
                     bindings.setdefault(v.node.expr, (v.node.expr, pos, is_stride, d))
 
     unbound: set[Any] = set()
@@ -94,6 +99,9 @@ def _symbolic_outer(value: Any, size: tuple[Any, ...], stride: tuple[Any, ...]) 
     def expr(v: Any) -> Any:
         if not isinstance(v, torch.SymInt):
             return int(v)
+        if is_nested_int(v):
+            # See Note [Nested ints in outer sizes]
+            return NESTED_INT
         e = v.node.expr
         unbound.update(e.free_symbols - set(bindings))
         return e
@@ -106,6 +114,22 @@ def _symbolic_outer(value: Any, size: tuple[Any, ...], stride: tuple[Any, ...]) 
         stride_exprs=stride_exprs,
         unbound=tuple(sorted(map(str, unbound))),
     )
+
+
+# Note [Nested ints in outer sizes]
+# A jagged NestedTensor's outer size has a nested int (``j1``) for its ragged dimension,
+# and its outer stride multiples of it; eager tensors carry them too. The subclass computes
+# them itself from its offsets (or lengths) when rebuilt from real inner tensors, so they
+# are neither bound to an inner size nor refused as unbound: at run time they are passed
+# to ``__tensor_unflatten__`` as -1 (a SymInt must not outlive the trace; torch passes -1
+# too), and at trace time, when the inner tensors are fake, the traced nested ints are
+# passed, which the subclass memoizes on its fake offsets.
+NESTED_INT: Any = object()
+
+
+def is_nested_int(v: Any) -> bool:
+    """Whether ``v`` is a nested int (a jagged dimension's size, or a multiple of one)."""
+    return isinstance(v, torch.SymInt) and bool(v.node.is_nested_int())
 
 
 def check_rebuildable(metas: Sequence[SubclassOrPlainMeta | OpaqueMeta], what: str) -> None:
@@ -140,8 +164,14 @@ def _concrete_outer(meta: SubclassCreationMeta, inner: Sequence[Any]) -> tuple[A
         if not isinstance(v, int):
             return meta.outer_size, meta.outer_stride  # tracing: keep the SymInts
         env[symbol] = v
+    if NESTED_INT in (*sym.size_exprs, *sym.stride_exprs) and any(
+        isinstance(t, torch.Tensor) and is_fake(t) for t in inner
+    ):
+        return meta.outer_size, meta.outer_stride  # tracing: keep the nested ints
 
     def ev(e: Any) -> int:
+        if e is NESTED_INT:
+            return -1
         return e if isinstance(e, int) else int(e.xreplace(env))
 
     return tuple(ev(e) for e in sym.size_exprs), tuple(ev(e) for e in sym.stride_exprs)
