@@ -164,11 +164,12 @@ def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
 
 
 def _format_strides(size: Sequence[Any], fmt: torch.memory_format) -> tuple[Any, ...]:
+    dims = tuple(size)
     if fmt == torch.channels_last:
-        return tuple(torch._prims_common.make_channels_last_2d_strides_for(size))
+        return tuple(torch._prims_common.make_channels_last_2d_strides_for(dims))
     if fmt == torch.channels_last_3d:
-        return tuple(torch._prims_common.make_channels_last_3d_strides_for(size))
-    return tuple(torch._prims_common.make_contiguous_strides_for(size))
+        return tuple(torch._prims_common.make_channels_last_3d_strides_for(dims))
+    return tuple(torch._prims_common.make_contiguous_strides_for(dims))
 
 
 # Note [Tangents of subclass outputs]

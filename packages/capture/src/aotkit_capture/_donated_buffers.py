@@ -91,4 +91,4 @@ def _storage(t: Any) -> StorageWeakRef | None:
     """The storage of a fake, strided tensor (sparse tensors have none)."""
     if not isinstance(t, torch.Tensor) or not is_fake(t) or t.layout != torch.strided:
         return None
-    return StorageWeakRef(t.untyped_storage())
+    return StorageWeakRef(t.untyped_storage())  # type: ignore[no-untyped-call]

@@ -21,8 +21,7 @@ from collections.abc import Callable
 import torch.fx
 from aotkit_partitioners import partition_report
 from aotkit_schemas import ViewAndMutationMeta, artifact_enabled, get_logger, log_artifact
-from torch._logging import getArtifactLogger
-from torch._logging._internal import trace_structured
+from torch._logging._internal import getArtifactLogger, trace_structured
 
 capture_log = get_logger("capture")
 partition_log = get_logger("partition")

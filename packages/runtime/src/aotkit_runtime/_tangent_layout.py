@@ -52,7 +52,7 @@ def _memory_format(t: torch.Tensor) -> torch.memory_format:
 
 
 def _contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
-    return tuple(torch._prims_common.make_contiguous_strides_for(size)) if size else ()
+    return tuple(torch._prims_common.make_contiguous_strides_for(tuple(size))) if size else ()
 
 
 def coerce_tangent_layout(t: torch.Tensor, layout: TangentLayout | None) -> torch.Tensor:
