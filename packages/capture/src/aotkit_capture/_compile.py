@@ -22,13 +22,13 @@ from aotkit_analysis import InputLayout, collect_metadata, compute_input_layout
 from aotkit_runtime import (
     AutogradPlan,
     as_list_caller,
-    forward_with_tokens,
     make_autograd_function,
     make_epilogue,
     needs_epilogue,
     subclass_backward,
     subclass_forward,
     tangent_layouts,
+    unwrap_subclasses,
 )
 from aotkit_schemas import (
     RUNTIME_MUTATED_INPUT_KEY,
@@ -52,7 +52,7 @@ from ._compiled_calls import (
 )
 from ._context import track_graph_compiling
 from ._donated_buffers import with_donated_buffers
-from ._effects import count_backward_tokens, with_backward_tokens
+from ._effects import check_no_subclass_effects, count_backward_tokens, with_backward_tokens
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._hops import retry_with_shape_env
@@ -337,6 +337,7 @@ def _compile_two_pass(
     layer = SubclassLayer.build(fake, meta) if needs_subclass_layer(fake, fw_outs) else None
     if layer is not None:
         check_layer_applies(meta, layer)
+        check_no_subclass_effects(meta)  # See Note [Effect tokens]
         artifacts.subclass_layer = True
     if meta.is_train:
         call = _compile_training(traced_fn, fake, meta, cfg, artifacts, subclasses=layer)
@@ -425,10 +426,9 @@ def _compile_inference(
     artifacts.inference_module = gm
     if subclasses is None:
         return inference_call(gm, fake, meta, cfg)
-    # See Note [Effect tokens through the subclass layer]
-    example = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
+    check_no_subclass_effects(meta)  # See Note [Effect tokens]
     with track_graph_compiling(cfg, "inference"):
-        raw = forward_with_tokens(compiler(gm, example), len(meta.tokens))
+        raw = compiler(gm, unwrap_subclasses(fake))
     # flattening the inputs makes a new list, so a boxed graph may clear it
     raw = subclass_forward(raw, subclasses.inp_metas, subclasses.fw_out_metas)
     return _no_grad_unless_grad_free(as_list_caller(raw), fake)
@@ -468,6 +468,8 @@ def _compile_training(
     # See Note [Effect tokens]
     meta = artifacts.meta = with_backward_tokens(meta, count_backward_tokens(joint))
     n_tok = len(meta.tokens)
+    if subclasses is not None:
+        check_no_subclass_effects(meta)
     _mark_runtime_mutated_primals(joint, meta, subclasses, n_tok)
     propagate_mutation_meta(joint.graph)  # See Note [Preserved node meta]
     log_joint(joint, single_pass=artifacts.single_pass)
@@ -475,8 +477,8 @@ def _compile_training(
     n_fwd = meta.num_forward_returns + n_tok
     if subclasses is not None:
         # See Note [Tensor subclasses are desugared] in aotkit_schemas
-        n_fwd = subclasses.num_flat_forward_returns + n_tok
-        fake = list(joint_inputs[0])  # the tokens lead (Note [Effect tokens through the subclass layer])
+        n_fwd = subclasses.num_flat_forward_returns
+        fake = list(joint_inputs[0])
     lazy = reads_graph_only(cfg.fw_compiler) and reads_graph_only(cfg.bw_compiler)
     with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy):
         fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
@@ -491,8 +493,8 @@ def _compile_training(
             partition, fake, meta, cfg, artifacts.stale_tangents, artifacts.backward_mutated_inputs
         )
     with track_graph_compiling(cfg, "forward"):
-        compiled_fw = forward_with_tokens(cfg.fw_compiler(fw_module, fake), n_tok)
-    compile_backward = _backward_compiler(partition, fake, cfg, meta.num_backward_tokens)
+        compiled_fw = cfg.fw_compiler(fw_module, fake)
+    compile_backward = _backward_compiler(partition, fake, cfg)
 
     def compile_subclass_backward() -> Callable[..., Any]:
         n_saved = partition.num_saved_symints + partition.num_saved_tensors

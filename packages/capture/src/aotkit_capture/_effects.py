@@ -36,21 +36,8 @@
 #     tokens for Inductor] in aotkit_backends.
 #   * The native paths (the single pass, the C++ Functionalize key) do not thread tokens:
 #     an effectful op sends a program to the Python mode, with that reason recorded (See
-#     Note [Why a graph took the path it took]). Joint exports with effectful ops raise
-#     an error that says so; tensor-subclass programs thread them: Note [Effect tokens
-#     through the subclass layer].
-#
-# Note [Effect tokens through the subclass layer]
-# Tokens are plain tensors and never subclasses. In a program desugared over the inner
-# tensors of its subclasses (Note [Tensor subclasses are desugared] in aotkit_schemas),
-# the tokens stay outside the layer: the desugared forward (or inference) graph is
-# ``(*tokens, *flat primals) -> (*tokens, *flat returns, *saved)``, the desugared joint
-# passes the leading token primals and the returned forward and backward tokens through
-# unchanged, and only the primals, returns, tangents and gradients are rebuilt and
-# flattened. At run time the token wrappers (``forward_with_tokens``,
-# ``backward_with_tokens``) sit directly around the compiled graphs, under the subclass
-# wrappers, so those never see a token. An effectful op called on a subclass runs as the
-# subclass's ``__torch_dispatch__`` runs it (TwoTensor: once per inner tensor), as in eager.
+#     Note [Why a graph took the path it took]). Tensor-subclass programs and joint
+#     exports with effectful ops raise an error that says so.
 """
 
 from __future__ import annotations
@@ -64,6 +51,12 @@ import torch
 from aotkit_schemas import ViewAndMutationMeta
 from torch._higher_order_ops.effects import with_effects
 from torch._subclasses.functional_tensor import FunctionalTensorMode
+
+SUBCLASS_EFFECTS_MESSAGE = (
+    "aotkit: effectful ops ({effects}) in a program with tensor subclass inputs or outputs "
+    "are not supported: effect tokens are not threaded through the subclass layer. Call "
+    "the effectful op outside the compiled region, or pass plain tensors."
+)
 
 
 def num_tokens(meta: ViewAndMutationMeta) -> int:
@@ -129,6 +122,14 @@ def count_backward_tokens(joint: torch.fx.GraphModule) -> int:
         for n in joint.graph.find_nodes(op="placeholder")
         if str(n.target).startswith("tangents_token")
     )
+
+
+def check_no_subclass_effects(meta: ViewAndMutationMeta) -> None:
+    """Raise when a subclass program has effectful ops, in its forward or (once the
+    joint is traced) in its backward: not supported."""
+    if meta.tokens or meta.num_backward_tokens:
+        effects = ", ".join(str(k) for k in meta.tokens) or "in the backward"
+        raise NotImplementedError(SUBCLASS_EFFECTS_MESSAGE.format(effects=effects))
 
 
 def drop_unused_effect_results(gm: torch.fx.GraphModule) -> None:

@@ -112,52 +112,41 @@ class SubclassLayer:
         return unwrap_subclasses(grads)
 
     def desugar_forward(
-        self, fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any], n_tokens: int = 0
+        self, fn: Callable[..., Sequence[Any]], fake_args: Sequence[Any]
     ) -> tuple[Callable[..., list[Any]], list[Any]]:
-        """``fn(*tokens, *values) -> (*tokens, *returns)`` as ``fn'(*tokens, *flat values)
-        -> (*tokens, *flat returns)``, and the flat example inputs. The ``n_tokens``
-        leading effect tokens of ``fake_args`` are plain tensors, passed through (See Note
-        [Effect tokens through the subclass layer])."""
+        """``fn(*values) -> returns`` as ``fn'(*flat values) -> flat returns``, and the flat
+        example inputs."""
 
         def desugared(*flat: Any) -> list[Any]:
-            tokens = list(flat[:n_tokens])
-            outs = list(fn(*tokens, *self._rebuild_all(self.inp_metas, flat[n_tokens:])))
-            flat_outs = self._flatten_returns(outs[n_tokens:])
+            outs = self._flatten_returns(list(fn(*self._rebuild_all(self.inp_metas, flat))))
             self._traced = True
-            return [*outs[:n_tokens], *flat_outs]
+            return outs
 
-        tokens = list(fake_args[:n_tokens])
-        return desugared, [*tokens, *unwrap_subclasses(fake_args[n_tokens:])]
+        return desugared, unwrap_subclasses(fake_args)
 
     def desugar_joint(
         self,
         joint: Callable[[list[Any], list[Any]], list[Any]],
         primals: Sequence[Any],
         tangents: Sequence[Any],
-        n_tokens: int = 0,
     ) -> tuple[Callable[[list[Any], list[Any]], list[Any]], list[Any], list[Any]]:
-        """``joint(primals, tangents) -> (*tokens, *forward returns, *gradients,
-        *backward tokens)`` over the graph values, and the flat example primals and
-        tangents. The ``n_tokens`` leading primals are effect tokens (See Note [Effect
-        tokens through the subclass layer])."""
+        """``joint(primals, tangents) -> (*forward returns, *gradients)`` over the graph
+        values, and the flat example primals and tangents."""
         n = self.num_forward_returns
-        n_grads = len(self.inp_metas)
 
         # named like ``joint``'s parameters: make_fx names the placeholders after them
         # (primals_1, tangents_1), and partitioners read those names
         def desugared(primals: list[Any], tangents: list[Any]) -> list[Any]:
             outs = joint(
-                [*primals[:n_tokens], *self._rebuild_all(self.inp_metas, primals[n_tokens:])],
+                self._rebuild_all(self.inp_metas, primals),
                 self._rebuild_all(self.tangent_metas, tangents),
             )
-            fw_tokens, outs = outs[:n_tokens], outs[n_tokens:]
             returns = self._flatten_returns(outs[:n])
-            grads = self._flatten_grads(outs[n : n + n_grads])
+            grads = self._flatten_grads(outs[n:])
             self._traced = True
-            return [*fw_tokens, *returns, *grads, *outs[n + n_grads :]]
+            return [*returns, *grads]
 
-        flat_primals = [*primals[:n_tokens], *unwrap_subclasses(primals[n_tokens:])]
-        return desugared, flat_primals, unwrap_subclasses(tangents)
+        return desugared, unwrap_subclasses(primals), unwrap_subclasses(tangents)
 
 
 def _tie_outer_to_inner(fake_args: Sequence[Any]) -> None:

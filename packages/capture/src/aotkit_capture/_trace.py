@@ -160,17 +160,14 @@ def trace_inference(
     # Traced under the caller's grad mode: a function that calls torch.autograd.grad
     # itself needs it, and nothing here differentiates the result.
     if subclasses is not None:
-        # See Note [Effect tokens through the subclass layer]
-        desugared, flat_args = subclasses.desugar_forward(
-            inference, [*token_inputs(meta), *fake_args], n_tokens
-        )
+        desugared, flat_args = subclasses.desugar_forward(inference, fake_args)
         gm = make_fx(desugared, decomposition_table=decompositions)(*flat_args)
     else:
         gm = make_fx(inference, decomposition_table=decompositions)(
             *token_inputs(meta), *fake_args
         )
-    if n_tokens:
-        drop_unused_effect_results(gm)
+        if n_tokens:
+            drop_unused_effect_results(gm)
     # Views that functionalization made and nothing reads (a synthetic-base member's view
     # before its write, say) are dropped, as torch drops them from its inference graph;
     # mutations, random ops and effect tokens' chains are impure or returned, and stay.
@@ -407,7 +404,7 @@ def _trace_joint(
     # only if someone asks for it (``gm.code``, a call).
     to_trace: Callable[[list[Any], list[Any]], list[Any]] = joint
     if subclasses is not None:
-        to_trace, primals, tangents = subclasses.desugar_joint(joint, primals, tangents, n_tokens)
+        to_trace, primals, tangents = subclasses.desugar_joint(joint, primals, tangents)
     with (
         torch.autograd.set_multithreading_enabled(False),
         _use_lazy_graph_module(True),
