@@ -2,6 +2,8 @@
 
 from ._collect_metadata import collect_metadata as collect_metadata
 from ._collect_metadata import input_alias_info as input_alias_info
+from ._collect_metadata import tangent_like as tangent_like
+from ._collect_metadata import tangent_strides_follow_output as tangent_strides_follow_output
 from ._input_layout import AliasedMember as AliasedMember
 from ._input_layout import InputLayout as InputLayout
 from ._input_layout import MemberEffects as MemberEffects
@@ -16,4 +18,6 @@ __all__ = [
     "collect_metadata",
     "compute_input_layout",
     "input_alias_info",
+    "tangent_like",
+    "tangent_strides_follow_output",
 ]

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+import torch._functorch.config as functorch_config
 from aotkit_functional import (
     EagerInplaceChecks,
     from_functional,
@@ -154,34 +155,77 @@ def _check_no_overlapping_input_mutated(
 # error at trace time, before the caller's tensors are touched.
 
 
-def _tangent_like(t: torch.Tensor) -> torch.Tensor:
-    """A fresh contiguous tensor with ``t``'s shape, dtype and device (never an alias).
-
-    See Note [Tangents of subclass outputs].
-    """
+def tangent_like(t: torch.Tensor) -> torch.Tensor:
+    """A fresh tensor with ``t``'s shape, dtype and device (never an alias), laid out as
+    the tangent the backward is traced for. See Note [Tangents of subclass outputs] and
+    Note [Tangent strides follow the outputs]."""
     if is_traceable_wrapper_subclass(t):
+        # a tangent never requires grad (a subclass's flatten context may record it)
+        t = t.detach()
         coerce = getattr(t, "__coerce_tangent_metadata__", None)
         if coerce is not None:
             t = coerce()
         attrs, ctx = t.__tensor_flatten__()
         inner = {
-            a: _tangent_like(v) if isinstance(v, torch.Tensor) else v
+            a: tangent_like(v) if isinstance(v, torch.Tensor) else v
             for a, v in ((a, getattr(t, a)) for a in attrs)
         }
         size = t.shape
-        stride = torch._prims_common.make_contiguous_strides_for(size) if size else ()
+        stride = _format_strides(size, suggest_memory_format(t)) if size else ()
         return type(t).__tensor_unflatten__(inner, ctx, size, stride)  # type: ignore[attr-defined]
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    if tangent_strides_follow_output(t):
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    return torch.empty(
+        t.shape, dtype=t.dtype, device=t.device, memory_format=suggest_memory_format(t)
+    )
+
+
+def tangent_strides_follow_output(t: torch.Tensor) -> bool:
+    """Whether the tangent of plain output ``t`` is guessed with ``t``'s exact strides
+    (else with its memory format). See Note [Tangent strides follow the outputs]."""
+    return (
+        bool(functorch_config.guess_tangent_strides_as_outputs)
+        and not t._has_symbolic_sizes_strides
+        and t.layout == torch.strided
+        and torch._debug_has_internal_overlap(t) != 1
+    )
+
+
+def suggest_memory_format(t: torch.Tensor) -> torch.memory_format:
+    """channels_last(_3d) when ``t`` is laid out so, else contiguous_format."""
+    return torch._prims_common.suggest_memory_format(t)
+
+
+def _format_strides(size: Sequence[Any], fmt: torch.memory_format) -> tuple[Any, ...]:
+    dims = tuple(size)
+    if fmt == torch.channels_last:
+        return tuple(torch._prims_common.make_channels_last_2d_strides_for(dims))
+    if fmt == torch.channels_last_3d:
+        return tuple(torch._prims_common.make_channels_last_3d_strides_for(dims))
+    return tuple(torch._prims_common.make_contiguous_strides_for(dims))
 
 
 # Note [Tangents of subclass outputs]
-# The backward is traced for tangents guessed from the outputs: a contiguous plain tensor
-# of the output's shape, or, for a tensor subclass output, the same subclass around
-# contiguous guesses of its inner tensors (after ``__coerce_tangent_metadata__``, which
-# lets a subclass pick metadata every runtime tangent can be converted to: DTensor turns a
-# Partial placement into Replicate). At run time each tangent is converted back to the
-# traced metadata with ``__coerce_same_metadata_as_tangent__`` (aotkit_runtime's
-# ``coerce_tangent``). See Note [Tensor subclasses are desugared] in aotkit_schemas.
+# The backward is traced for tangents guessed from the outputs (Note [Tangent strides
+# follow the outputs]), or, for a tensor subclass output, the same subclass, laid out in
+# the output's memory format, around guesses of its inner tensors (after
+# ``__coerce_tangent_metadata__``, which lets a subclass pick metadata every runtime
+# tangent can be converted to: DTensor turns a Partial placement into Replicate). At run
+# time each tangent is converted back to the traced metadata with
+# ``__coerce_same_metadata_as_tangent__`` (aotkit_runtime's ``coerce_tangent``). See Note
+# [Tensor subclasses are desugared] in aotkit_schemas.
+
+# Note [Tangent strides follow the outputs]
+# A tangent's strides are not known when the backward is traced ahead of time. As torch
+# (``torch._functorch.config.guess_tangent_strides_as_outputs``, on by default), the
+# guess is the output's own layout: a plain output with static sizes and no internal
+# overlap gets a tangent with its exact strides (a channels_last conv output gets a
+# channels_last tangent, not a ``contiguous()`` copy); a symbolic, internally overlapping
+# (``expand``) or subclass output gets a tangent in its memory format
+# (``suggest_memory_format``: channels_last(_3d) or contiguous). With the config off,
+# every guess is by memory format. At run time the backward restrides each incoming
+# tangent to the traced layout when it differs (``aotkit_runtime.coerce_tangent_layout``),
+# so the compiled backward only ever sees the strides it was traced (and compiled) for.
 
 
 def collect_metadata(
@@ -272,7 +316,7 @@ def collect_metadata(
     if grad_after != prior_grad:
         grad_enabled_mutation = grad_after
         torch.set_grad_enabled(prior_grad)
-    traced_tangents = [_tangent_like(t) for t in plain_tangent_sources]
+    traced_tangents = [tangent_like(t) for t in plain_tangent_sources]
     blocker = _native_blocker(checks, flat_args)
     meta = ViewAndMutationMeta(
         input_info=input_info,

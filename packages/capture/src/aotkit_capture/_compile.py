@@ -43,6 +43,7 @@ from ._compiled_calls import (
     training_call,
 )
 from ._context import track_graph_compiling
+from ._donated_buffers import with_donated_buffers
 from ._effects import count_backward_tokens, with_backward_tokens
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
@@ -477,7 +478,8 @@ def _compile_training(
     with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy), without_autocast_compiling():
         fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
-    log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn))
+    meta = artifacts.meta = with_donated_buffers(meta, partition, n_fwd)  # Note [Donated buffers]
+    log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn), cfg.aot_id)
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
     artifacts.stale_tangents = tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items()))
     artifacts.backward_mutated_inputs = tuple(joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()))

@@ -18,6 +18,7 @@ from aotkit_runtime import (
     backward_with_tokens,
     forward_with_tokens,
     make_autograd_function,
+    tangent_layouts,
 )
 from aotkit_schemas import AOTConfig, PartitionResult, ViewAndMutationMeta
 from torch._guards import TracingContext, detect_fake_mode, tracing
@@ -160,5 +161,6 @@ def training_call(
         static_tangent_like=static_tangent_like(meta),
         gradless_inputs=gradless_inputs(bw_module, fake, meta, n_bw_tok),
         backward_mutated_inputs=backward_mutated_inputs,
+        tangent_layouts=tangent_layouts(meta.traced_tangents),
     )
     return make_autograd_function(compiled_fw, compile_backward, plan)

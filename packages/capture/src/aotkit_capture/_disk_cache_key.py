@@ -74,6 +74,8 @@ def ambient_state_key() -> tuple[Any, ...]:
         getattr(fconfig, "functionalize_rng_ops", None),
         getattr(fconfig, "view_replay_for_aliased_outputs", None),
         getattr(fconfig, "activation_memory_budget", None),
+        # the traced tangents' layouts (Note [Tangent strides follow the outputs])
+        getattr(fconfig, "guess_tangent_strides_as_outputs", None),
     )
 
 

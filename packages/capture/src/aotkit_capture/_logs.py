@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch.fx
 from aotkit_partitioners import partition_report
 from aotkit_schemas import ViewAndMutationMeta, artifact_enabled, get_logger, log_artifact
-from torch._logging._internal import trace_structured
+from torch._logging._internal import getArtifactLogger, trace_structured
 
 capture_log = get_logger("capture")
 partition_log = get_logger("partition")
@@ -60,6 +60,31 @@ def log_inference(gm: torch.fx.GraphModule, meta: ViewAndMutationMeta) -> None:
     trace_structured("aot_inference_graph", payload_fn=_string_payload(gm))
 
 
+# torch's logger of the same records: See Note [torch's aot_graphs metadata line]
+_TORCH_GRAPHS_LOG = getArtifactLogger("torch._functorch._aot_autograd.graph_compile", "aot_graphs")
+
+# Note [torch's aot_graphs metadata line]
+# Before the forward and backward graphs, torch's ``aot_graphs`` artifact logs one line
+# with the compilation's metadata, ``aot_config id: N, fw_metadata=ViewAndMutationMeta(...),
+# inner_meta=...`` (``bw_donated_idxs=[...]`` included: Note [Donated buffers]), on the
+# artifact logger of ``torch._functorch._aot_autograd.graph_compile``. aotkit emits the
+# same line on the same logger, so ``TORCH_LOGS=aot_graphs`` and anything listening on
+# torch's logger (``assertLogs``) see it from aotkit's compilations too; the ``graphs``
+# artifact of aotkit's own loggers gets it as well when asked for by ``AOTKIT_LOGS``.
+# aotkit's metadata has no separate inner (subclass-free) form: ``inner_meta`` repeats it.
+_META_LINE = "aot_config id: %s, fw_metadata=%s, inner_meta=%s"
+
+
+def log_metadata(meta: ViewAndMutationMeta, aot_id: int | None) -> None:
+    """The metadata line of torch's ``aot_graphs`` artifact. See Note [torch's aot_graphs
+    metadata line]."""
+    if _TORCH_GRAPHS_LOG.isEnabledFor(logging.INFO):
+        _TORCH_GRAPHS_LOG.info(_META_LINE, aot_id, meta, meta)
+    own = get_logger("graphs")
+    if own.isEnabledFor(logging.INFO):
+        own.info(_META_LINE, aot_id, meta, meta)
+
+
 def _log_meta(meta: ViewAndMutationMeta) -> None:
     trace_structured(
         "artifact",
@@ -75,9 +100,11 @@ def log_partition(
     num_fwd_outputs: int,
     meta: ViewAndMutationMeta,
     partitioner: str,
+    aot_id: int | None = None,
 ) -> None:
     """The forward and backward graphs and the partition report. See Note [Structured
     trace artifacts]."""
+    log_metadata(meta, aot_id)
     if artifact_enabled("graphs"):
         log_artifact("graphs", "%s", readable(fw_module, "Forward graph"))
         log_artifact("graphs", "%s", readable(bw_module, "Backward graph"))

@@ -46,7 +46,7 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from aotkit_analysis import input_alias_info
+from aotkit_analysis import input_alias_info, tangent_like
 from aotkit_functional import (
     from_native_functional,
     has_internal_overlap,
@@ -418,8 +418,9 @@ def _tangent_placeholders(outs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     )
     with disable_proxy_modes_tracing(), exclude:
         for k, o in enumerate(outs):
-            # contiguous, like the tangents of the two-pass flow
-            t = torch.empty(o.shape, dtype=o.dtype, device=o.device)
+            # laid out like the tangents of the two-pass flow; See Note [Tangent strides
+            # follow the outputs] in aotkit_analysis
+            t = tangent_like(o)
             name = f"tangents_{k + 1}"
             proxy = tracer.create_proxy("placeholder", name, (), {}, name=name)
             track_tensor_tree(t, proxy, constant=None, tracer=tracer)

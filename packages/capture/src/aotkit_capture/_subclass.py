@@ -22,7 +22,9 @@ from aotkit_runtime import (
     SubclassZeros,
     check_rebuildable,
     create_subclass_metas,
+    is_nested_int,
     is_subclass,
+    make_unwrapper,
     rebuild,
     unwrap_subclasses,
 )
@@ -97,6 +99,10 @@ class SubclassLayer:
         )
         return zeros if any(z is not None for z in zeros) else None
 
+    def unwrap_tangents(self, tangents: Sequence[Any]) -> list[Any]:
+        """The traced tangents' inner tensors, in the backward graph's tangent order."""
+        return make_unwrapper(self.tangent_metas)(tangents)
+
     def _rebuild_all(self, metas: Sequence[SubclassOrPlainMeta], flat: Sequence[Any]) -> list[Any]:
         return [rebuild(m, flat, mirror_grad=True) for m in metas]
 
@@ -167,8 +173,6 @@ def _tie_outer_to_inner(fake_args: Sequence[Any]) -> None:
     asserted equal to it (a ShapeEnv guard, checked on every later call: an input where
     they differ gets a new trace), so the outer shape is a function of the inner tensors.
     See Note [Symbolic outer sizes of subclasses] in aotkit_schemas."""
-    import sympy
-
     for a in fake_args:
         if not is_subclass(a):
             continue
@@ -176,14 +180,26 @@ def _tie_outer_to_inner(fake_args: Sequence[Any]) -> None:
         for t in unwrap_subclasses([a]):
             if isinstance(t, torch.Tensor):
                 for v in (*t.shape, *t.stride()):
-                    if isinstance(v, torch.SymInt) and isinstance(v.node.expr, sympy.Symbol):
+                    if _is_symbol(v):
                         inner_syms.setdefault(int(v.node.hint), v)  # type: ignore[arg-type]
         for v in (*a.shape, *a.stride()):
-            if not isinstance(v, torch.SymInt) or not isinstance(v.node.expr, sympy.Symbol):
+            if not _is_symbol(v):
                 continue
             twin = inner_syms.get(int(v.node.hint))  # type: ignore[arg-type]
             if twin is not None and v.node.expr != twin.node.expr:
                 torch._check(v == twin)
+
+
+def _is_symbol(v: Any) -> bool:
+    """A SymInt that is one ShapeEnv symbol (not an expression, not a nested int: See
+    Note [Nested ints in outer sizes] in aotkit_runtime)."""
+    import sympy
+
+    return (
+        isinstance(v, torch.SymInt)
+        and not is_nested_int(v)
+        and isinstance(v.node.expr, sympy.Symbol)
+    )
 
 
 def _check_static_input_outers(metas: Sequence[Any]) -> None:

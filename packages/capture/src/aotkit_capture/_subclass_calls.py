@@ -21,6 +21,7 @@ from aotkit_runtime import (
     make_autograd_function,
     subclass_backward,
     subclass_forward,
+    tangent_layouts,
 )
 from aotkit_schemas import (
     AOTConfig,
@@ -81,7 +82,13 @@ def subclass_training_call(
     n_saved = partition.num_saved_symints + partition.num_saved_tensors
 
     def compile_subclass_backward() -> Callable[..., Any]:
-        return subclass_backward(compile_backward(), n_saved, layer.tangent_metas, layer.grad_metas)
+        return subclass_backward(
+            compile_backward(),
+            n_saved,
+            layer.tangent_metas,
+            layer.grad_metas,
+            tangent_layouts(layer.unwrap_tangents(meta.traced_tangents)),
+        )
 
     # the Function works on the user's values; only the compiled calls see the inner
     # tensors, so the plan's graph-derived facts (positions in the graphs) are not used
@@ -92,6 +99,7 @@ def subclass_training_call(
         tangent_deps=_user_tangent_deps(partition, layer, meta.num_backward_tokens),
         stale_tangents=stale_tangents,
         subclass_zeros=layer.zero_tangents(meta),
+        tangent_layouts=tangent_layouts(meta.traced_tangents),
     )
     wrapped_fw = subclass_forward(compiled_fw, layer.inp_metas, layer.fw_out_metas)
     return make_autograd_function(wrapped_fw, compile_subclass_backward, plan)

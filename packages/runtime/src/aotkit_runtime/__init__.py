@@ -11,6 +11,7 @@ from ._epilogue import needs_epilogue as needs_epilogue
 from ._subclass import SubclassZeros as SubclassZeros
 from ._subclass import check_rebuildable as check_rebuildable
 from ._subclass import create_subclass_metas as create_subclass_metas
+from ._subclass import is_nested_int as is_nested_int
 from ._subclass import is_subclass as is_subclass
 from ._subclass import make_unwrapper as make_unwrapper
 from ._subclass import make_wrapper as make_wrapper
@@ -18,16 +19,22 @@ from ._subclass import rebuild as rebuild
 from ._subclass import subclass_backward as subclass_backward
 from ._subclass import subclass_forward as subclass_forward
 from ._subclass import unwrap_subclasses as unwrap_subclasses
+from ._tangent_layout import TangentLayout as TangentLayout
+from ._tangent_layout import coerce_tangent_layout as coerce_tangent_layout
+from ._tangent_layout import tangent_layouts as tangent_layouts
 
 __all__ = [
     "BACKWARD_MUTATION_CREATE_GRAPH",
     "AutogradPlan",
     "SubclassZeros",
+    "TangentLayout",
     "as_list_caller",
     "backward_with_tokens",
     "check_rebuildable",
+    "coerce_tangent_layout",
     "create_subclass_metas",
     "forward_with_tokens",
+    "is_nested_int",
     "is_subclass",
     "make_autograd_function",
     "make_epilogue",
@@ -37,5 +44,6 @@ __all__ = [
     "rebuild",
     "subclass_backward",
     "subclass_forward",
+    "tangent_layouts",
     "unwrap_subclasses",
 ]

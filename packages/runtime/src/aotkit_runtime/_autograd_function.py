@@ -66,6 +66,7 @@ from aotkit_schemas import OutputType, ViewAndMutationMeta, stealing_entry, unbo
 
 from ._call import as_list_caller
 from ._subclass import SubclassZeros
+from ._tangent_layout import TangentLayout, coerce_tangent_layout
 
 _DOUBLE_BACKWARD_ERROR = (
     "aotkit: the compiled backward of this function is not differentiable twice. "
@@ -131,6 +132,9 @@ class AutogradPlan:
     # per tangent, how to build the zero tangent of an unused subclass output (None: a
     # plain tangent); See Note [Zero tangents of subclass outputs]
     subclass_zeros: tuple[SubclassZeros | None, ...] | None = None
+    # per tangent, the layout the backward was traced with (None: contiguous); See Note
+    # [Tangent strides follow the outputs] in aotkit_analysis. () : all contiguous.
+    tangent_layouts: tuple[TangentLayout | None, ...] = ()
 
     def __post_init__(self) -> None:
         assert self.meta.is_train, "an AutogradPlan needs training metadata"
@@ -184,6 +188,10 @@ def make_autograd_function(
     # See Note [Specialised runtime paths]
     plain_forward = not unsafe_views and not opaque and not non_diff_positions
     static_tangent_like = plan.static_tangent_like
+    # See Note [Tangent strides follow the outputs] in aotkit_analysis
+    layouts = plan.tangent_layouts
+    if all(lay is None or lay.contiguous for lay in layouts):
+        layouts = ()
     n_symints = plan.num_saved_symints
     saved_end = n_returns + n_tensors
 
@@ -260,7 +268,10 @@ def make_autograd_function(
                         else ctx.tangent_like[k]
                     )
                     if like is not None:
-                        tangents[k] = torch.zeros(like[0], dtype=like[1], device=like[2])
+                        zeros = torch.zeros(like[0], dtype=like[1], device=like[2])
+                        tangents[k] = coerce_tangent_layout(zeros, layouts[k]) if layouts else zeros
+                elif layouts:
+                    tangents[k] = coerce_tangent_layout(t, layouts[k])
                 elif not t.is_contiguous():
                     tangents[k] = t.contiguous()
             # unpacking checks the versions of guarded unsafe views too

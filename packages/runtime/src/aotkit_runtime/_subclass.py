@@ -20,9 +20,11 @@ from aotkit_schemas import (
     SubclassOrPlainMeta,
     SymbolicOuter,
 )
+from torch._subclasses.fake_tensor import is_fake
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._call import as_list_caller
+from ._tangent_layout import TangentLayout, coerce_tangent_layout
 
 Unwrapper = Callable[[Sequence[Any]], list[Any]]
 Wrapper = Callable[[Sequence[Any]], list[Any]]
@@ -85,8 +87,13 @@ def _symbolic_outer(value: Any, size: tuple[Any, ...], stride: tuple[Any, ...]) 
             continue
         for is_stride, dims in ((False, inner.shape), (True, inner.stride())):
             for d, v in enumerate(dims):
-                # a bare symbol, or an expression (``s0*s1`` after a flattening view)
-                if isinstance(v, torch.SymInt) and v.node.expr.free_symbols:
+                # a bare symbol, or an expression (``s0*s1`` after a flattening view); a
+                # nested int is never bound (See Note [Nested ints in outer sizes])
+                if (
+                    isinstance(v, torch.SymInt)
+                    and not is_nested_int(v)
+                    and v.node.expr.free_symbols
+                ):
                     bindings.setdefault(v.node.expr, (v.node.expr, pos, is_stride, d))
 
     unbound: set[Any] = set()
@@ -95,6 +102,9 @@ def _symbolic_outer(value: Any, size: tuple[Any, ...], stride: tuple[Any, ...]) 
     def expr(v: Any) -> Any:
         if not isinstance(v, torch.SymInt):
             return int(v)
+        if is_nested_int(v):
+            # See Note [Nested ints in outer sizes]
+            return NESTED_INT
         e = v.node.expr
         # what is left once every expression an inner size gives is replaced
         unbound.update(e.xreplace(placeholders).free_symbols)
@@ -108,6 +118,22 @@ def _symbolic_outer(value: Any, size: tuple[Any, ...], stride: tuple[Any, ...]) 
         stride_exprs=stride_exprs,
         unbound=tuple(sorted(map(str, unbound))),
     )
+
+
+# Note [Nested ints in outer sizes]
+# A jagged NestedTensor's outer size has a nested int (``j1``) for its ragged dimension,
+# and its outer stride multiples of it; eager tensors carry them too. The subclass computes
+# them itself from its offsets (or lengths) when rebuilt from real inner tensors, so they
+# are neither bound to an inner size nor refused as unbound: at run time they are passed
+# to ``__tensor_unflatten__`` as -1 (a SymInt must not outlive the trace; torch passes -1
+# too), and at trace time, when the inner tensors are fake, the traced nested ints are
+# passed, which the subclass memoizes on its fake offsets.
+NESTED_INT: Any = object()
+
+
+def is_nested_int(v: Any) -> bool:
+    """Whether ``v`` is a nested int (a jagged dimension's size, or a multiple of one)."""
+    return isinstance(v, torch.SymInt) and bool(v.node.is_nested_int())
 
 
 def check_rebuildable(metas: Sequence[SubclassOrPlainMeta | OpaqueMeta], what: str) -> None:
@@ -139,9 +165,18 @@ def _concrete_outer(meta: SubclassCreationMeta, inner: Sequence[Any]) -> tuple[A
     env: dict[Any, int] = {}
     for symbol, pos, is_stride, d in sym.bindings:
         t = inner[pos]
-        env[symbol] = t.stride(d) if is_stride else t.size(d)
+        v = t.stride(d) if is_stride else t.size(d)
+        if not isinstance(v, int):
+            return meta.outer_size, meta.outer_stride  # tracing: keep the SymInts
+        env[symbol] = v
+    if NESTED_INT in (*sym.size_exprs, *sym.stride_exprs) and any(
+        isinstance(t, torch.Tensor) and is_fake(t) for t in inner
+    ):
+        return meta.outer_size, meta.outer_stride  # tracing: keep the nested ints
 
     def ev(e: Any) -> int:
+        if e is NESTED_INT:
+            return -1
         return e if isinstance(e, int) else int(e.xreplace(env))
 
     return tuple(ev(e) for e in sym.size_exprs), tuple(ev(e) for e in sym.stride_exprs)
@@ -430,10 +465,13 @@ def subclass_backward(
     num_saved: int,
     tangent_metas: Sequence[SubclassOrPlainMeta],
     grad_metas: Sequence[SubclassOrPlainMeta],
+    inner_layouts: Sequence[TangentLayout | None] = (),
 ) -> Callable[[list[Any]], Sequence[Any]]:
     """A compiled backward graph called with ``(*saved, *tangents)`` where the tangents are
-    the user's values: they are coerced to the traced metadata, flattened (contiguous inner
-    tensors, as traced) and the gradients rebuilt with ``grad_metas``. Boxed."""
+    the user's values: they are coerced to the traced metadata, flattened (inner tensors
+    laid out as traced: ``inner_layouts``, per flat tangent, else contiguous) and the
+    gradients rebuilt with ``grad_metas``. Boxed. See Note [Tangent strides follow the
+    outputs] in aotkit_analysis."""
     call = as_list_caller(compiled)
     unwrap = make_unwrapper(tangent_metas)
     wrap = make_wrapper(grad_metas)
@@ -442,9 +480,11 @@ def subclass_backward(
         tangents = [
             coerce_tangent(t, m) for t, m in zip(args[num_saved:], tangent_metas, strict=True)
         ]
+        inner = unwrap(tangents)
+        layouts = inner_layouts or (None,) * len(inner)
         flat = [
-            t.contiguous() if isinstance(t, torch.Tensor) and not t.is_contiguous() else t
-            for t in unwrap(tangents)
+            coerce_tangent_layout(t, lay) if isinstance(t, torch.Tensor) else t
+            for t, lay in zip(inner, layouts, strict=True)
         ]
         saved = args[:num_saved]
         args.clear()

@@ -86,6 +86,10 @@ class ViewAndMutationMeta:
     # Number of tokens the backward graph takes last and returns last (its effectful ops'
     # own chains); known after the joint trace. See Note [Effect tokens].
     num_backward_tokens: int = 0
+    # Backward-input positions of the saved tensors that no forward input, forward return
+    # or backward output aliases (torch's field); filled after partitioning, None when not
+    # computed. See Note [Donated buffers] in aotkit_capture.
+    bw_donated_idxs: list[int] | None = None
 
     # ---- derived, filled in __post_init__ ----
     # indices of inputs whose mutation is applied by the runtime epilogue
