@@ -268,8 +268,8 @@ def make_autograd_function(
                         else ctx.tangent_like[k]
                     )
                     if like is not None:
-                        zeros = torch.zeros(like[0], dtype=like[1], device=like[2])
-                        tangents[k] = coerce_tangent_layout(zeros, layouts[k]) if layouts else zeros
+                        zero = torch.zeros(like[0], dtype=like[1], device=like[2])
+                        tangents[k] = coerce_tangent_layout(zero, layouts[k]) if layouts else zero
                 elif layouts:
                     tangents[k] = coerce_tangent_layout(t, layouts[k])
                 elif not t.is_contiguous():
