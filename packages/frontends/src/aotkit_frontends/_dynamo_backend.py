@@ -290,7 +290,7 @@ def _inductor_keeping_layouts(role: GraphRole) -> Callable[..., Callable[[list[A
     return compile_keeping_layouts
 
 
-def inductor_partition(
+def _inductor_partition(
     joint_module: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """aotkit_inductor's partition function: Inductor's joint-graph passes on the joint
@@ -305,7 +305,7 @@ def inductor_partition(
     return fw, bw
 
 
-mark_cache_key(inductor_partition, "aotkit.inductor.partition/1")
+mark_cache_key(_inductor_partition, "aotkit.inductor.partition/1")
 
 
 # The registered backends: module attributes, so that dynamo's registry can load them by
@@ -325,7 +325,7 @@ aotkit_inductor = AotAutograd(
     fw_compiler=_inductor_keeping_layouts("forward"),
     bw_compiler=_inductor_keeping_layouts("backward"),
     inference_compiler=_inductor_keeping_layouts("inference"),
-    partition_fn=inductor_partition,
+    partition_fn=_inductor_partition,
     decompositions=_inductor_decompositions,
     keep_inference_input_mutations=True,
 )
