@@ -294,18 +294,38 @@ def _inductor_partition(
     joint_module: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """aotkit_inductor's partition function: Inductor's joint-graph passes on the joint
-    graph, then aotkit's min-cut partitioner, the forward's non-saved outputs marked as the
-    ones whose strides the caller observes. See Note [Inductor's graph roles] in
-    aotkit_backends."""
+    graph, then aotkit's min-cut partitioner for a fusing compiler (See Note [Values a fused
+    backward must materialize] in aotkit_partitioners), the forward's non-saved outputs
+    marked as the ones whose strides the caller observes. See Note [Inductor's graph roles]
+    in aotkit_backends."""
     joint_module = inductor_joint_graph_passes(joint_module, joint_inputs)
+    if kwargs.get("static_lifetime_input_indices") is None:
+        kwargs["static_lifetime_input_indices"] = _parameter_positions(joint_module, joint_inputs)
     fw, bw = min_cut_rematerialization_partition(
-        joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs
+        joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, fusing_compiler=True, **kwargs
     )
     mark_user_visible_outputs(fw, num_fwd_outputs)
     return fw, bw
 
 
-mark_cache_key(_inductor_partition, "aotkit.inductor.partition/1")
+def _parameter_positions(joint_module: torch.fx.GraphModule, joint_inputs: Any) -> list[int]:
+    """The primals that are parameters: alive as long as the model, so saving one for the
+    backward costs no memory. torch's AOTAutograd hands its partitioner these positions
+    (``static_lifetime_input_indices``, the inputs dynamo marks static: the parameters);
+    aotkit's pipeline does not, so the partition function finds them on the fake primals.
+    Saving a weight instead of its transpose then costs nothing, and the backward
+    recomputes the transpose (a view), as torch's graphs do."""
+    if not (isinstance(joint_inputs, list | tuple) and len(joint_inputs) == 2):
+        return []
+    primals = joint_inputs[0]
+    placeholders = [n for n in joint_module.graph.find_nodes(op="placeholder")]
+    n_primals = sum(1 for n in placeholders if n.name.startswith("primals"))
+    if not isinstance(primals, list | tuple) or len(primals) != n_primals:
+        return []
+    return [i for i, x in enumerate(primals) if isinstance(x, torch.nn.Parameter)]
+
+
+mark_cache_key(_inductor_partition, "aotkit.inductor.partition/3")
 
 
 # The registered backends: module attributes, so that dynamo's registry can load them by

@@ -56,6 +56,7 @@ from aotkit_schemas import RUNTIME_MUTATED_INPUT_KEY, is_sym_node, mark_cache_ke
 from ._cost import SYMINT_BYTES, node_bytes
 from ._cse import cse_graph, duplicates
 from ._extract import PartitionError, build_modules
+from ._fusing import materialized_in_backward
 from ._joint import JointInfo, analyze_joint, ancestors, is_tuple_node, nodes_of
 from ._ops import ban_reason, is_pointwise, is_random, is_view, must_recompute, mutated_readers
 from ._rng import functional_rng, replay_recomputed_rng_inplace, rng_state_bytes
@@ -107,6 +108,7 @@ def build_problem(
     static_lifetime_input_indices: Sequence[int] | None = None,
     *,
     functional_rng: bool = False,
+    fusing_compiler: bool = False,
 ) -> CutProblem:
     closure = info.tangent_closure
     live_bw = info.bw_required
@@ -130,6 +132,8 @@ def build_problem(
             banned[n] = "graph input"
         elif n in info.fw_required:
             reason = ban_reason(n, n in mutated, functional_rng=functional_rng)
+            if reason is None and fusing_compiler and materialized_in_backward(n, info):
+                reason = "materialized in the backward"  # See Note [Values a fused ...]
             if reason is not None:
                 banned[n] = reason
             elif is_random(n):
@@ -401,6 +405,7 @@ def min_cut_rematerialization_partition(
     compiler: str = "inductor",
     static_lifetime_input_indices: Sequence[int] | None = None,
     functionalize_rng: bool | None = None,
+    fusing_compiler: bool = False,
     **kwargs: Any,
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """Split ``joint_module`` saving as few bytes as possible for the backward.
@@ -411,13 +416,19 @@ def min_cut_rematerialization_partition(
     (``functionalize_rng``; None reads ``aotkit_schemas.functionalize_rng_enabled()``),
     replaying the forward's draw. See Note [Min-cut flow graph], Note [Recomputation
     policy] and Note [Functionalized RNG].
+    ``fusing_compiler=True`` (for graphs a fusing compiler such as Inductor compiles) also
+    keeps the backward from recomputing values it would have to write to memory anyway
+    (See Note [Values a fused backward must materialize]).
     ``joint_module`` is not modified; ``joint_inputs``, ``compiler`` and other keyword
     arguments are accepted for compatibility with torch's signature and ignored.
     """
     del joint_inputs, compiler, kwargs
     info = prepare_joint(joint_module, num_fwd_outputs)
     problem = build_problem(
-        info, static_lifetime_input_indices, functional_rng=functional_rng(functionalize_rng)
+        info,
+        static_lifetime_input_indices,
+        functional_rng=functional_rng(functionalize_rng),
+        fusing_compiler=fusing_compiler,
     )
     saved = solve(problem)
     fw, bw = partition_with_saved(info, problem, saved, static_lifetime_input_indices)
