@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from aotkit_backends import (
@@ -103,13 +105,15 @@ def test_a_graph_inductor_refuses_as_traced_is_retraced() -> None:
 # See Note [Inductor's graph roles]
 
 
-def _recording_inner(monkeypatch: pytest.MonkeyPatch) -> list[tuple[torch.fx.GraphModule, dict[str, object]]]:
+def _recording_inner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> list[tuple[torch.fx.GraphModule, dict[str, Any]]]:
     import torch._inductor.compile_fx as compile_fx
 
-    calls: list[tuple[torch.fx.GraphModule, dict[str, object]]] = []
+    calls: list[tuple[torch.fx.GraphModule, dict[str, Any]]] = []
     real = compile_fx.compile_fx_inner
 
-    def record(gm: torch.fx.GraphModule, example_inputs: object, **kwargs: object) -> object:
+    def record(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
         calls.append((gm, dict(kwargs)))
         return real(gm, example_inputs, **kwargs)
 
