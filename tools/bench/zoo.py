@@ -30,7 +30,7 @@ Two pairs of backends, each aotkit's against torch's: ``aotkit_eager`` / ``aot_e
 Ratios are aotkit/torch, measured in one process, the two contenders alternating within
 every repetition; figures are medians, ratios medians of the per-repetition ratios. Graph
 caches that would make a later compile of the same graph free are off (Inductor's FX graph
-cache, torch's AOTAutograd cache); Inductor's in-process cache of compiled C++ kernels is
+cache, torch's AOTAutograd cache, aotkit's on-disk cache); Inductor's in-process cache of compiled C++ kernels is
 not, and every contender compiles once untimed before it is timed (the correctness run), so
 the first-step figures do not include the C++ compiler building a kernel for the first time.
 
@@ -53,6 +53,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "0")
 os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "0")
+# aotkit's on-disk compile cache is torch's AOTAutograd cache's counterpart: off too, or the
+# timed compiles after the (untimed) correctness run would restore instead of trace
+os.environ.setdefault("AOTKIT_CACHE", "0")
 
 import argparse  # noqa: E402
 import contextlib  # noqa: E402

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from aotkit_backends import (
@@ -98,3 +100,78 @@ def test_a_graph_inductor_refuses_as_traced_is_retraced() -> None:
     gm = make_fx(lambda a: [a.t().relu()])(x)
     out = make_inductor_compiler(retrace=False)(gm, [x])([x])
     torch.testing.assert_close(out[0], x.t().relu())
+
+
+# See Note [Inductor's graph roles]
+
+
+def _recording_inner(
+    monkeypatch: pytest.MonkeyPatch,
+) -> list[tuple[torch.fx.GraphModule, dict[str, Any]]]:
+    import torch._inductor.compile_fx as compile_fx
+
+    calls: list[tuple[torch.fx.GraphModule, dict[str, Any]]] = []
+    real = compile_fx.compile_fx_inner
+
+    def record(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        calls.append((gm, dict(kwargs)))
+        return real(gm, example_inputs, **kwargs)
+
+    monkeypatch.setattr(compile_fx, "compile_fx_inner", record)
+    return calls
+
+
+def test_joint_graph_passes_remove_no_ops() -> None:
+    from aotkit_backends import inductor_joint_graph_passes
+    from torch._inductor.decomposition import select_decomp_table
+
+    x = torch.randn(4, 4)
+    gm = make_fx(
+        lambda a: [(a * 1).reshape(4, 4).relu()], decomposition_table=select_decomp_table()
+    )(x)
+    before = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    out = inductor_joint_graph_passes(gm, [x])
+    after = [n.target for n in out.graph.nodes if n.op == "call_function"]
+    assert torch.ops.aten.mul.Tensor in before and torch.ops.aten.mul.Tensor not in after
+    assert after == [torch.ops.aten.relu.default]
+    torch.testing.assert_close(out(x)[0], x.relu())
+
+
+@pytest.mark.parametrize("role", ["forward", "backward", "inference"])
+def test_graph_roles(monkeypatch: pytest.MonkeyPatch, role: str) -> None:
+    from aotkit_backends import mark_user_visible_outputs
+    from torch._inductor.decomposition import select_decomp_table
+
+    calls = _recording_inner(monkeypatch)
+    x, t = torch.randn(4, 4), torch.randn(4, 4)
+
+    def fw(a: torch.Tensor) -> list[torch.Tensor]:
+        return [(a * 1).sin(), a.cos()]  # a user output, then a "saved" value
+
+    def bw(saved: torch.Tensor, tangents_1: torch.Tensor) -> list[torch.Tensor]:
+        return [saved * tangents_1]
+
+    fn, args = (bw, [x, t]) if role == "backward" else (fw, [x])
+    gm = make_fx(fn, decomposition_table=select_decomp_table())(*args)
+    if role == "backward":
+        ph = gm.graph.find_nodes(op="placeholder")
+        ph[0].name, ph[1].name = "saved_1", "tangents_1"
+        gm.recompile()
+    if role == "forward":
+        mark_user_visible_outputs(gm, 1)
+    out = make_inductor_compiler(retrace=False, role=role)(gm, args)(list(args))  # type: ignore[arg-type]
+    torch.testing.assert_close(out, fn(*args))
+    (compiled_gm, kwargs), = calls
+    output = compiled_gm.graph.find_nodes(op="output")[0]
+    targets = [n.target for n in compiled_gm.graph.nodes if n.op == "call_function"]
+    if role == "forward":
+        assert kwargs == {"is_inference": False}
+        assert output.meta["user_visible_output_idxs"] == [0]
+        assert torch.ops.aten.mul.Tensor in targets  # no joint passes here: the partition's
+    elif role == "inference":
+        assert kwargs == {"is_inference": True}
+        assert output.meta["user_visible_output_idxs"] == [0, 1]
+        assert torch.ops.aten.mul.Tensor not in targets  # joint passes removed ``* 1``
+    else:
+        assert kwargs == {"is_backward": True, "static_input_idxs": [0]}
+        assert output.meta["user_visible_output_idxs"] == [0]

@@ -11,16 +11,19 @@ from aotkit_schemas import Compiler
 def test_all() -> None:
     assert sorted(aotkit_backends.__all__) == [
         "BoxedCallable",
+        "GraphRole",
         "InductorUnavailableError",
         "graph_function",
         "inductor_available",
         "inductor_compiler",
+        "inductor_joint_graph_passes",
         "inductor_unavailable_reason",
         "is_boxed",
         "make_boxed_compiler",
         "make_boxed_func",
         "make_inductor_compiler",
         "make_print_compiler",
+        "mark_user_visible_outputs",
         "nop",
         "print_compiler",
     ]

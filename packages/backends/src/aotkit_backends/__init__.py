@@ -15,22 +15,28 @@ from ._inductor import inductor_available as inductor_available
 from ._inductor import inductor_compiler as inductor_compiler
 from ._inductor import inductor_unavailable_reason as inductor_unavailable_reason
 from ._inductor import make_inductor_compiler as make_inductor_compiler
+from ._inductor_passes import GraphRole as GraphRole
+from ._inductor_passes import joint_graph_passes as inductor_joint_graph_passes
+from ._inductor_passes import mark_user_visible_outputs as mark_user_visible_outputs
 from ._nop import nop as nop
 from ._print import make_print_compiler as make_print_compiler
 from ._print import print_compiler as print_compiler
 
 __all__ = [
     "BoxedCallable",
+    "GraphRole",
     "InductorUnavailableError",
     "graph_function",
     "inductor_available",
     "inductor_compiler",
+    "inductor_joint_graph_passes",
     "inductor_unavailable_reason",
     "make_inductor_compiler",
     "is_boxed",
     "make_boxed_compiler",
     "make_boxed_func",
     "make_print_compiler",
+    "mark_user_visible_outputs",
     "nop",
     "print_compiler",
 ]

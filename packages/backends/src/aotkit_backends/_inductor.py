@@ -39,6 +39,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ._boxing import BoxedCallable
+from ._inductor_passes import USER_VISIBLE_OUTPUTS_KEY, GraphRole, joint_graph_passes, role_kwargs
 from ._tokens import unlift_tokens
 
 _log = get_logger("compile")
@@ -105,25 +106,42 @@ def inductor_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -
 mark_cache_key(inductor_compiler, "aotkit.inductor/1")
 
 
-def make_inductor_compiler(*, retrace: bool = True) -> Callable[..., BoxedCallable]:
+def make_inductor_compiler(
+    *, retrace: bool = True, role: GraphRole | None = None
+) -> Callable[..., BoxedCallable]:
     """``inductor_compiler``, or with ``retrace=False`` its twin for graphs traced with
     Inductor's decomposition table, which are not re-traced (See Note [Why
-    inductor_compiler re-traces])."""
-    if retrace:
+    inductor_compiler re-traces]).
+
+    ``role`` (``"forward"``, ``"backward"`` or ``"inference"``) compiles every graph as
+    torch's ``inductor`` backend compiles a graph of that role: an inference graph gets
+    Inductor's joint-graph passes first, and Inductor is told the role, the backward's
+    static inputs and the outputs whose strides are observed (See Note [Inductor's graph
+    roles]).
+    """
+    if retrace and role is None:
         return inductor_compiler
 
-    def inductor_compiler_for_decomposed_graphs(
+    def inductor_compiler_for_role(
         gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
     ) -> BoxedCallable:
-        return _compile(gm, example_inputs, retrace=False)
+        return _compile(gm, example_inputs, retrace=retrace, role=role)
 
     # See Note [Compiler cache keys] in aotkit_schemas
-    mark_cache_key(inductor_compiler_for_decomposed_graphs, "aotkit.inductor.decomposed/1")
-    return inductor_compiler_for_decomposed_graphs
+    key = "aotkit.inductor" + ("" if retrace else ".decomposed") + (f".{role}" if role else "")
+    inductor_compiler_for_role.__name__ = (
+        "inductor_compiler" if retrace else "inductor_compiler_for_decomposed_graphs"
+    ) + (f"_{role}" if role else "")
+    mark_cache_key(inductor_compiler_for_role, key + "/1")
+    return inductor_compiler_for_role
 
 
 def _compile(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, retrace: bool
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    *,
+    retrace: bool,
+    role: GraphRole | None = None,
 ) -> BoxedCallable:
     devices = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)} or {"cpu"}
     for device in sorted(devices):
@@ -139,21 +157,52 @@ def _compile(
     # See Note [Unlifted tokens for Inductor]
     unlifted = unlift_tokens(gm)
     if unlifted is not None:
-        inner = _compile(unlifted.gm, unlifted.example_inputs(example_inputs), retrace=retrace)
+        inner = _compile(
+            unlifted.gm, unlifted.example_inputs(example_inputs), retrace=retrace, role=role
+        )
         return unlifted.lifted_call(inner)  # type: ignore[return-value]
     fake_mode, fake_inputs = _fakify(example_inputs)
     with _allow_non_fake_inputs(fake_mode):
         copied = None if retrace else _copy_if_flat(gm)
         if copied is not None:
             try:
-                _inductor_random(copied[0], fake_mode)
-                return _boxed_with_structure(compile_fx_inner(copied[0], fake_inputs), copied[1])
+                kwargs = _prepare(copied[0], gm, fake_inputs, fake_mode, role)
+                compiled = compile_fx_inner(copied[0], fake_inputs, **kwargs)
+                return _boxed_with_structure(compiled, copied[1])
             except Exception as e:  # re-traced below, where a real error raises again
                 _log.debug("Inductor refused the graph as traced (%s); re-tracing it", e)
         flat_gm, out_spec = _retrace_flat(gm, fake_inputs, select_decomp_table())
-        _inductor_random(flat_gm, fake_mode)
-        compiled = compile_fx_inner(flat_gm, fake_inputs)
+        kwargs = _prepare(flat_gm, gm, fake_inputs, fake_mode, role)
+        compiled = compile_fx_inner(flat_gm, fake_inputs, **kwargs)
     return _boxed_with_structure(compiled, out_spec)
+
+
+def _prepare(
+    flat_gm: torch.fx.GraphModule,
+    gm: torch.fx.GraphModule,
+    fake_inputs: list[Any],
+    fake_mode: FakeTensorMode,
+    role: GraphRole | None,
+) -> dict[str, Any]:
+    """Ready ``flat_gm`` (Inductor's flat copy of ``gm``) for ``compile_fx_inner`` as a graph
+    of ``role``; return the call's keyword arguments. See Note [Inductor's graph roles]."""
+    if role == "inference":
+        joint_graph_passes(flat_gm, fake_inputs)  # also rewrites random ops
+    else:
+        _inductor_random(flat_gm, fake_mode)
+    output = gm.graph.find_nodes(op="output")[0]
+    marked = output.meta.get(USER_VISIBLE_OUTPUTS_KEY)
+    flat_output = flat_gm.graph.find_nodes(op="output")[0]
+    outs, flat_outs = output.args[0], flat_output.args[0]
+    if (
+        role == "forward"
+        and marked is not None
+        and isinstance(outs, list | tuple)
+        and isinstance(flat_outs, list | tuple)
+        and len(outs) == len(flat_outs)  # the same positions (no None flattened away)
+    ):
+        flat_output.meta[USER_VISIBLE_OUTPUTS_KEY] = list(marked)
+    return role_kwargs(flat_gm, fake_inputs, role)
 
 
 def _inductor_random(gm: torch.fx.GraphModule, fake_mode: FakeTensorMode) -> None:

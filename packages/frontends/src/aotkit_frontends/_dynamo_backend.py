@@ -9,7 +9,9 @@ registers the two aotkit backends under names usable as ``torch.compile(backend=
   rematerialization partitioner, as torch's ``aot_eager`` pairs ``boxed_nop`` with its
   min-cut partitioner (so both save the same kind of activations for the backward);
 * ``aotkit_inductor``: TorchInductor's ``compile_fx_inner`` for both graphs, Inductor's
-  decomposition table, and aotkit's min-cut rematerialization partitioner.
+  decomposition table, and aotkit's min-cut rematerialization partitioner after
+  Inductor's joint-graph passes, each graph compiled with its role, as torch's
+  ``inductor`` backend does (See Note [Inductor's graph roles] in aotkit_backends).
 
 # Note [Backend calling convention]
 # Dynamo calls a backend's result as ``compiled(*args)``, except for graphs whose inputs
@@ -50,7 +52,13 @@ from typing import Any
 
 import torch
 import torch.fx
-from aotkit_backends import make_inductor_compiler, nop
+from aotkit_backends import (
+    GraphRole,
+    inductor_joint_graph_passes,
+    make_inductor_compiler,
+    mark_user_visible_outputs,
+    nop,
+)
 from aotkit_partitioners import min_cut_rematerialization_partition
 from aotkit_schemas import mark_cache_key
 from torch._decomp import get_decompositions
@@ -256,25 +264,69 @@ def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     return table
 
 
-_INDUCTOR_FOR_DECOMPOSED = make_inductor_compiler(retrace=False)
-
-
-def _inductor_keeping_layouts(
-    gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
-) -> Callable[[list[Any]], Any]:
-    """``inductor_compiler`` with Inductor's layout optimization off.
+def _inductor_keeping_layouts(role: GraphRole) -> Callable[..., Callable[[list[Any]], Any]]:
+    """An Inductor compiler for graphs of ``role`` with Inductor's layout optimization off.
 
     With it on, Inductor may return convolution activations in channels-last layout from
     the forward graph, while the backward graph is compiled for the strides the trace
     saw (torch feeds the forward's real output strides back into the backward compile;
     aotkit does not yet). Keeping eager layouts makes the two agree.
     """
-    from torch._inductor import config  # imported on first compile: Inductor is slow to import
+    # traced with Inductor's table (``_inductor_decompositions``): See Note [Why
+    # inductor_compiler re-traces] in aotkit_backends
+    inner = make_inductor_compiler(retrace=False, role=role)
 
-    with config.patch(layout_optimization=False):
-        # traced with Inductor's table (``_inductor_decompositions``): See Note [Why
-        # inductor_compiler re-traces] in aotkit_backends
-        return _INDUCTOR_FOR_DECOMPOSED(gm, example_inputs)
+    def compile_keeping_layouts(
+        gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
+    ) -> Callable[[list[Any]], Any]:
+        from torch._inductor import config  # imported on first compile: Inductor is slow to import
+
+        with config.patch(layout_optimization=False):
+            return inner(gm, example_inputs)
+
+    compile_keeping_layouts.__name__ = f"inductor_{role}_keeping_layouts"
+    compile_keeping_layouts.__qualname__ = compile_keeping_layouts.__name__
+    mark_cache_key(compile_keeping_layouts, f"aotkit.inductor.keeping_layouts.{role}/1")
+    return compile_keeping_layouts
+
+
+def _inductor_partition(
+    joint_module: torch.fx.GraphModule, joint_inputs: Any, *, num_fwd_outputs: int, **kwargs: Any
+) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    """aotkit_inductor's partition function: Inductor's joint-graph passes on the joint
+    graph, then aotkit's min-cut partitioner (which, as torch's, does not recompute what the
+    backward would materialize: See Note [Values the backward must materialize] in
+    aotkit_partitioners), the forward's non-saved outputs
+    marked as the ones whose strides the caller observes. See Note [Inductor's graph roles]
+    in aotkit_backends."""
+    joint_module = inductor_joint_graph_passes(joint_module, joint_inputs)
+    if kwargs.get("static_lifetime_input_indices") is None:
+        kwargs["static_lifetime_input_indices"] = _parameter_positions(joint_module, joint_inputs)
+    fw, bw = min_cut_rematerialization_partition(
+        joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs
+    )
+    mark_user_visible_outputs(fw, num_fwd_outputs)
+    return fw, bw
+
+
+def _parameter_positions(joint_module: torch.fx.GraphModule, joint_inputs: Any) -> list[int]:
+    """The primals that are parameters: alive as long as the model, so saving one for the
+    backward costs no memory. torch's AOTAutograd hands its partitioner these positions
+    (``static_lifetime_input_indices``, the inputs dynamo marks static: the parameters);
+    aotkit's pipeline does not, so the partition function finds them on the fake primals.
+    Saving a weight instead of its transpose then costs nothing, and the backward
+    recomputes the transpose (a view), as torch's graphs do."""
+    if not (isinstance(joint_inputs, list | tuple) and len(joint_inputs) == 2):
+        return []
+    primals = joint_inputs[0]
+    placeholders = [n for n in joint_module.graph.find_nodes(op="placeholder")]
+    n_primals = sum(1 for n in placeholders if n.name.startswith("primals"))
+    if not isinstance(primals, list | tuple) or len(primals) != n_primals:
+        return []
+    return [i for i, x in enumerate(primals) if isinstance(x, torch.nn.Parameter)]
+
+
+mark_cache_key(_inductor_partition, "aotkit.inductor.partition/3")
 
 
 # The registered backends: module attributes, so that dynamo's registry can load them by
@@ -282,7 +334,6 @@ def _inductor_keeping_layouts(
 # Like torch's aot_eager and inductor backends, both keep eligible input mutations in the
 # graph (a custom backward's write to a buffer the forward also wrote needs it; See Note
 # [Data mutations in the backward] in aotkit_capture).
-mark_cache_key(_inductor_keeping_layouts, "aotkit.inductor.keeping_layouts/1")
 aotkit_eager = AotAutograd(
     disk_cache=True,
     fw_compiler=nop,
@@ -292,9 +343,10 @@ aotkit_eager = AotAutograd(
 )
 aotkit_inductor = AotAutograd(
     disk_cache=True,
-    fw_compiler=_inductor_keeping_layouts,
-    bw_compiler=_inductor_keeping_layouts,
-    partition_fn=min_cut_rematerialization_partition,
+    fw_compiler=_inductor_keeping_layouts("forward"),
+    bw_compiler=_inductor_keeping_layouts("backward"),
+    inference_compiler=_inductor_keeping_layouts("inference"),
+    partition_fn=_inductor_partition,
     decompositions=_inductor_decompositions,
     keep_inference_input_mutations=True,
 )

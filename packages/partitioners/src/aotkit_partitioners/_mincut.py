@@ -115,6 +115,7 @@ def build_problem(
     static_lifetime_input_indices: Sequence[int] | None = None,
     *,
     functional_rng: bool = False,
+    ban_materialized: bool = True,
 ) -> CutProblem:
     closure = info.tangent_closure
     live_bw = info.bw_required
@@ -138,7 +139,7 @@ def build_problem(
             banned[n] = "graph input"
         elif n in info.fw_required:
             reason = ban_reason(n, n in mutated, functional_rng=functional_rng)
-            if reason is None and materialized_in_backward(n, info.fw_required):
+            if reason is None and ban_materialized and materialized_in_backward(n, info.fw_required):
                 reason = "materialized in the backward"  # See Note [Values the backward must materialize]
             if reason is not None:
                 banned[n] = reason
@@ -403,6 +404,14 @@ def partition_with_saved(
     return fw, bw
 
 
+def _ban_materialized(value: bool | None) -> bool:
+    if value is not None:
+        return value
+    import torch._functorch.config as functorch_config
+
+    return bool(getattr(functorch_config, "ban_recompute_materialized_backward", True))
+
+
 def min_cut_rematerialization_partition(
     joint_module: torch.fx.GraphModule,
     joint_inputs: Any,
@@ -411,6 +420,7 @@ def min_cut_rematerialization_partition(
     compiler: str = "inductor",
     static_lifetime_input_indices: Sequence[int] | None = None,
     functionalize_rng: bool | None = None,
+    ban_recompute_materialized_backward: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """Split ``joint_module`` saving as few bytes as possible for the backward.
@@ -421,13 +431,21 @@ def min_cut_rematerialization_partition(
     (``functionalize_rng``; None reads ``aotkit_schemas.functionalize_rng_enabled()``),
     replaying the forward's draw. See Note [Min-cut flow graph], Note [Recomputation
     policy] and Note [Functionalized RNG].
+    Like torch's, it does not recompute a value a backward reader cannot fuse (the backward
+    would have to write it to memory anyway): See Note [Values the backward must
+    materialize]. ``ban_recompute_materialized_backward=False`` lifts that rule; None reads
+    torch's ``torch._functorch.config.ban_recompute_materialized_backward`` (True by
+    default).
     ``joint_module`` is not modified; ``joint_inputs``, ``compiler`` and other keyword
     arguments are accepted for compatibility with torch's signature and ignored.
     """
     del joint_inputs, compiler, kwargs
     info = prepare_joint(joint_module, num_fwd_outputs)
     problem = build_problem(
-        info, static_lifetime_input_indices, functional_rng=functional_rng(functionalize_rng)
+        info,
+        static_lifetime_input_indices,
+        functional_rng=functional_rng(functionalize_rng),
+        ban_materialized=_ban_materialized(ban_recompute_materialized_backward),
     )
     saved = solve(problem)
     fw, bw = partition_with_saved(info, problem, saved, static_lifetime_input_indices)
