@@ -482,7 +482,7 @@ def test_issue_13_programs_match_eager() -> None:
         assert not problems, program.source() + "\n" + "\n".join(problems)
 
 
-# Programs 1,000-example runs found (seeds 1, 2, 3): a sliced input mutated and then
+# Programs 1,000-example runs found (seeds 1, 2, 3, 6): a sliced input mutated and then
 # viewed where eager raises; a sliced input that requires grad mutated and reshaped (a copy
 # in eager); and a backward that raises in eager after some leaves got a ``.grad`` (See
 # Note [Gradients left by a backward that raised] in _harness).
@@ -509,6 +509,15 @@ FUZZ_FOUND_PROGRAMS = (
          Step("sin", 10, 0, (0,) * 4), Step("add_", 0, 0, (0,) * 4),
          Step("add_", 14, 0, (0,) * 4), Step("reshape", 0, 0, (0,) * 4)),
         (0, 0, 0, 8),
+    ),
+    # seed 6: two plain inputs viewing one sliced base, one written with a value that
+    # requires grad; eager's base and both inputs then require grad
+    Program(
+        (4,),
+        (InputSpec("plain", layout="sliced"), InputSpec("grad_leaf"),
+         InputSpec("view_of_0", Step("reshape", 0, 0, (0,) * 4))),
+        (Step("sin", 1, 1, (0,) * 4), Step("add_", 2, 3, (5, 0, 0, 6))),
+        (0,),
     ),
 )
 
