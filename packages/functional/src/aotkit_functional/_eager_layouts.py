@@ -132,8 +132,9 @@ class EagerLayoutMode(FunctionalTensorMode):  # type: ignore[no-untyped-call]
         if isinstance(func, torch._ops.HigherOrderOperator):
             rule = func.python_key_table.get(FunctionalTensorMode)
             if rule is None:  # torch's own words (aotkit_capture names the remedy)
+                name = func.name()  # type: ignore[no-untyped-call]
                 raise NotImplementedError(
-                    f"There was no rule registered for HigherOrderOperator {func.name()} and "
+                    f"There was no rule registered for HigherOrderOperator {name} and "
                     f"mode <{FunctionalTensorMode.__module__}.FunctionalTensorMode object>."
                 )
             return rule(self, *args, **kwargs)
