@@ -404,6 +404,10 @@ def check_program(program: Program, *, record: bool = False) -> list[str]:
     bases.clear()
     # every graph also runs through nop's graph function (See Note [Graph functions])
     aot = run_case(case, "aotkit_graph_function")
+    if _known_layout_limitation(eager, aot):
+        if record:
+            event("known limitation: reshape of a view of a mutated non-contiguous tensor")
+        return []
     if record:
         _record_kind(eager, aot)
     problems = compare_runs(eager, aot, case, unsafe_views=unsafe_view_outputs(aot))
@@ -413,6 +417,27 @@ def check_program(program: Program, *, record: bool = False) -> list[str]:
         problems += _base_problems(eager_bases, bases)
     assert aot.log is not None
     return problems + compile_problems(aot) + aot.log.graph_function_problems
+
+
+# Note [Reshaping a view of a mutated non-contiguous tensor]
+# After an in-place op on a tensor that is not dense (a sliced input), functionalization
+# gives the tensor's views the layout of the dense functional value, not eager's; a
+# ``reshape`` of such a view then chooses "view" in the trace where eager copies, which
+# the trace cannot follow. aotkit detects this and raises a clear error naming the fix,
+# before touching any input (See Note [Views see eager's layouts] in aotkit_functional;
+# tests/test_never_silently_wrong.py pins the error). The fuzzer accepts exactly that
+# error, on the first call, for a program eager runs; any other difference still fails.
+_LAYOUT_LIMITATION = "See Note [Views see eager's layouts]"
+
+
+def _known_layout_limitation(eager: Run, aot: Run) -> bool:
+    got = aot.observations[0].raised
+    return (
+        eager.observations[0].raised is None
+        and got is not None
+        and _LAYOUT_LIMITATION in got
+        and "eager raises or copies here" in got
+    )
 
 
 def _base_problems(eager: Sequence[torch.Tensor], aot: Sequence[torch.Tensor]) -> list[str]:
@@ -482,7 +507,7 @@ def test_issue_13_programs_match_eager() -> None:
         assert not problems, program.source() + "\n" + "\n".join(problems)
 
 
-# Programs 1,000-example runs found (seeds 1, 2, 3): a sliced input mutated and then
+# Programs 1,000-example runs found (seeds 1, 2, 3, 6): a sliced input mutated and then
 # viewed where eager raises; a sliced input that requires grad mutated and reshaped (a copy
 # in eager); and a backward that raises in eager after some leaves got a ``.grad`` (See
 # Note [Gradients left by a backward that raised] in _harness).
@@ -509,6 +534,15 @@ FUZZ_FOUND_PROGRAMS = (
          Step("sin", 10, 0, (0,) * 4), Step("add_", 0, 0, (0,) * 4),
          Step("add_", 14, 0, (0,) * 4), Step("reshape", 0, 0, (0,) * 4)),
         (0, 0, 0, 8),
+    ),
+    # seed 6: two plain inputs viewing one sliced base, one written with a value that
+    # requires grad; eager's base and both inputs then require grad
+    Program(
+        (4,),
+        (InputSpec("plain", layout="sliced"), InputSpec("grad_leaf"),
+         InputSpec("view_of_0", Step("reshape", 0, 0, (0,) * 4))),
+        (Step("sin", 1, 1, (0,) * 4), Step("add_", 2, 3, (5, 0, 0, 6))),
+        (0,),
     ),
 )
 

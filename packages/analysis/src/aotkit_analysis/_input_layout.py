@@ -306,11 +306,14 @@ def _group(flat_args: Sequence[Any], members: list[int]) -> SyntheticBaseGroup:
         if all(o is t or o._base is t for o in tensors):
             base_index, ref_base = i, t
             break
-    if base_index is None and any(t.requires_grad for t in tensors):
+    if base_index is None:
         # Views of one tensor that is not an input (``f(x[0:4], x[2:6])``): their common
-        # autograd base is a differentiable synthetic base.
+        # autograd base is a differentiable synthetic base. Also when no member requires
+        # grad: a write that brings grad in (``x[0:4].add_(w)``, ``w`` requiring grad)
+        # makes eager's base, and through it every member, require grad; a flat view over
+        # the storage would leave the members without autograd history.
         ref_base = _common_view_base(tensors)
-        if ref_base is None:
+        if ref_base is None and any(t.requires_grad for t in tensors):
             roots = {id(t._base) for t in tensors if t._base is not None}
             raise RuntimeError(
                 "aotkit: inputs "
@@ -321,7 +324,8 @@ def _group(flat_args: Sequence[Any], members: list[int]) -> SyntheticBaseGroup:
                 "function), or clone one of the inputs before the call."
                 + (f" ({len(roots)} distinct view bases)" if roots else "")
             )
-        common_of = members[0]
+        if ref_base is not None:
+            common_of = members[0]
     dt = ref_base.dtype if ref_base is not None else tensors[0].dtype
     out = []
     for i, t in zip(members, tensors, strict=True):

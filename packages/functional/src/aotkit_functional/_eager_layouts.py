@@ -37,7 +37,16 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 
 def _static(values: Sequence[Any]) -> bool:
-    return all(isinstance(v, int) for v in values)
+    return all(
+        _static(v) if isinstance(v, (list, tuple)) else not isinstance(v, torch.SymInt)
+        for v in values
+    )
+
+
+# The view ops whose success depends on the input's strides: eager's error is raised for
+# these only. Any other view op the shadow cannot run (``as_strided`` reaching outside the
+# minimal storage a shadow has, say) just ends the tracking of that value.
+_LAYOUT_CHECKED = frozenset({torch.ops.aten.view.default, torch.ops.aten.view.dtype})
 
 
 def _meta_like(t: torch.Tensor) -> torch.Tensor | None:
@@ -65,6 +74,10 @@ class EagerLayoutMode(FunctionalTensorMode):  # type: ignore[no-untyped-call]
     See Note [Views see eager's layouts].
     """
 
+    # Higher-order operators find their rules by the mode's exact type; they reach
+    # ``__torch_dispatch__`` instead and run FunctionalTensorMode's rule.
+    supports_higher_order_operators = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._shadows: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
@@ -82,17 +95,20 @@ class EagerLayoutMode(FunctionalTensorMode):  # type: ignore[no-untyped-call]
         """(the input's shadow, the view op run on it); (None, None) when not checkable."""
         src = args[0]
         rest = (*args[1:], *kwargs.values())
-        if any(isinstance(a, torch.Tensor) for a in rest) or not _static(
-            [a for a in args[1:] if isinstance(a, (int, torch.SymInt))]
-        ):
+        if any(isinstance(a, torch.Tensor) for a in rest) or not _static(rest):
             return None, None
-        shadow = self._shadow(src)
+        try:
+            shadow = self._shadow(src)
+        except Exception:  # noqa: BLE001 - a layout the meta device cannot build: no check
+            return None, None
         if shadow is None:
             return None, None
         with _disable_current_modes():
             try:
                 return shadow, func(shadow, *args[1:], **kwargs)
-            except RuntimeError as e:
+            except Exception as e:
+                if func not in _LAYOUT_CHECKED or not isinstance(e, RuntimeError):
+                    return None, None
                 if _same_layout(shadow, src):
                     raise  # eager raises exactly this
                 raise RuntimeError(
@@ -113,11 +129,26 @@ class EagerLayoutMode(FunctionalTensorMode):  # type: ignore[no-untyped-call]
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            rule = func.python_key_table.get(FunctionalTensorMode)
+            if rule is None:  # torch's own words (aotkit_capture names the remedy)
+                name = func.name()  # type: ignore[no-untyped-call]
+                raise NotImplementedError(
+                    f"There was no rule registered for HigherOrderOperator {name} and "
+                    f"mode <{FunctionalTensorMode.__module__}.FunctionalTensorMode object>."
+                )
+            return rule(self, *args, **kwargs)
         src = args[0] if args else None
         if not isinstance(src, FunctionalTensor) or not (
             func.is_view or torch.Tag.inplace_view in func.tags
         ):
-            return super().__torch_dispatch__(func, types, args, kwargs)
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            if func._schema.is_mutable and isinstance(src, FunctionalTensor):
+                # ``set_``, ``resize_``: a shadow of another size is stale
+                known = self._shadows.get(src)  # type: ignore[no-untyped-call]
+                if known is not None and known.size() != src.size():
+                    self._shadows.pop(src, None)  # type: ignore[no-untyped-call]
+            return out
         shadow, shadow_out = self._shadow_call(func, args, kwargs)
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if torch.Tag.inplace_view in func.tags:
