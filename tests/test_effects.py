@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from _effect_ops import LOG, log
 from aotkit import (
     aot_export_joint_simple,
     aot_export_module,
@@ -31,46 +32,8 @@ from aotkit_partitioners import (
 )
 from torch._functorch.aot_autograd import aot_export_joint_simple as torch_export_joint_simple
 from torch._functorch.aot_autograd import aot_export_module as torch_export_module
-from torch._higher_order_ops.effects import _EffectType, _register_effectful_op, with_effects
+from torch._higher_order_ops.effects import with_effects
 from torch._library.effects import EffectType
-
-LOG: list[str] = []
-
-
-@torch.library.custom_op("aotkit_effects_test::log", mutates_args=())
-def _log(x: torch.Tensor, tag: str) -> torch.Tensor:
-    LOG.append(tag)
-    return x.clone()
-
-
-@_log.register_fake
-def _(x: torch.Tensor, tag: str) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-_log.register_autograd(lambda ctx, g: (g * 3, None))
-_HANDLE = _register_effectful_op(torch.ops.aotkit_effects_test.log.default, _EffectType.ORDERED)
-
-
-@torch.library.custom_op("aotkit_effects_test::tick", mutates_args=())
-def _tick(x: torch.Tensor) -> torch.Tensor:
-    LOG.append("tick")
-    return x + 1
-
-
-@_tick.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-_tick.register_autograd(lambda ctx, g: g)
-# a custom op marked effectful through its own API (same effect type: one chain with log)
-_tick.register_effect(EffectType.ORDERED)
-
-
-def log(x: torch.Tensor, tag: str) -> torch.Tensor:
-    out: torch.Tensor = torch.ops.aotkit_effects_test.log(x, tag)
-    return out
 
 
 class LoggedBackward(torch.autograd.Function):

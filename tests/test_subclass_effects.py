@@ -19,8 +19,8 @@ import aotkit
 import functorch.compile as torch_compile
 import pytest
 import torch
+from _effect_ops import LOG, log
 from aotkit_backends import inductor_available
-from test_effects import LOG, log
 from test_subclass_layer import Graphs, _recording, assert_plain_graphs, assert_same
 from torch.testing._internal.two_tensor import TwoTensor
 

@@ -97,9 +97,36 @@ def test_column_blocks_of_one_matrix_are_not_treated_as_aliased() -> None:
 
     for req in (False, True):
         ours, theirs = _run_three_ways(_scale_both, make(req))
-        _same_graphs(ours, theirs)
+        if req:
+            # Deliberate difference: a mutated input that requires grad is cloned for the
+            # trace; torch's ``clone()`` makes these column blocks contiguous, so a
+            # ``reshape``/``view`` in the function would see another layout than eager's.
+            # aotkit clones into memory with the input's own strides (``new_empty_strided``
+            # + ``copy``). See Note [Fresh inputs keep their strides] in aotkit_capture.
+            # Apart from that pair standing for each ``clone``, the graphs are torch's.
+            _same_graphs_up_to_strided_clones(ours, theirs)
+        else:
+            _same_graphs(ours, theirs)
         graph = next(iter(ours.values()))[0]
         assert len(graph.graph.find_nodes(op="placeholder")) == 2
+
+
+def _same_graphs_up_to_strided_clones(
+    ours: dict[str, list[torch.fx.GraphModule]], theirs: dict[str, list[torch.fx.GraphModule]]
+) -> None:
+    aten = torch.ops.aten
+    assert sorted(ours) == sorted(theirs)
+    n_strided = 0
+    for key in ours:
+        for a, b in zip(ours[key], theirs[key], strict=True):
+            mine = []
+            for n in a.graph.nodes:
+                if n.target is aten.new_empty_strided.default:
+                    n_strided += 1
+                    continue
+                mine.append(aten.clone.default if n.target is aten.copy.default else n.target)
+            assert mine == [n.target for n in b.graph.nodes]
+    assert n_strided == 2
 
 
 def test_strided_blocks_whose_rows_collide_still_get_a_synthetic_base() -> None:

@@ -139,12 +139,19 @@ def build_problem(
             banned[n] = "graph input"
         elif n in info.fw_required:
             reason = ban_reason(n, n in mutated, functional_rng=functional_rng)
-            if reason is None and ban_materialized and materialized_in_backward(n, info.fw_required):
+            if reason is None and is_random(n):
+                # recorded even when the rule below bans it: a memory budget may lift that
+                # soft ban, and a recomputed random op must replay the forward's draw
+                rng_state[n] = rng_state_bytes(n)
+            if (
+                reason is None
+                and ban_materialized
+                and not must_recompute(n)  # a checkpoint policy's choice wins, as in torch
+                and materialized_in_backward(n, info.fw_required)
+            ):
                 reason = "materialized in the backward"  # See Note [Values the backward must materialize]
             if reason is not None:
                 banned[n] = reason
-            elif is_random(n):
-                rng_state[n] = rng_state_bytes(n)
         if is_sym_node(n):
             nbytes[n] = SYMINT_BYTES
         elif (
