@@ -7,6 +7,7 @@ requested backend, and returns per-backend (losses, full parameters) from rank 0
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -108,3 +109,10 @@ def run_rank(rank: int, port: int, scenario: str, backends: list[str], out_path:
             torch.save(results, out_path)
     finally:
         dist.destroy_process_group()
+    # The rank's work is done and saved. Leave without the interpreter's teardown: under
+    # load a rank was seen to abort there ("terminate called without an active exception",
+    # SIGABRT) while destroying a native thread that Inductor's or gloo's statics still
+    # own, which failed a finished run. An error above still propagates (not reached).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
