@@ -45,10 +45,49 @@ _C: Any = torch._C
 _SAME_AS_FORWARD = "same_as_forward"
 
 
-def _setting() -> Any:
-    import torch._functorch.config as fconfig
+def _setting_reader() -> Callable[[], Any]:
+    """A reader of ``torch._functorch.config.backward_pass_autocast``.
 
-    return getattr(fconfig, "backward_pass_autocast", _SAME_AS_FORWARD)
+    The compile key reads the setting on every call with grad on (See Note [Ambient state in
+    the compile key]), and the config module's ``getattr`` costs about 1.2 us (alias and
+    deprecation checks, env lookups). When this entry has none of those (no alias, no
+    forced env value, no justknob, an immutable default: all fixed at import), its value is
+    the context variable ``user_override`` when set, else the env default or the default:
+    read that directly (0.03 us). Otherwise, or if torch's config internals look different,
+    fall back to ``getattr``."""
+    import torch._functorch.config as fconfig
+    import torch.utils._config_module as config_module
+
+    def slow() -> Any:
+        return getattr(fconfig, "backward_pass_autocast", _SAME_AS_FORWARD)
+
+    unset = getattr(config_module, "_UNSET_SENTINEL", None)
+    entry: Any = getattr(fconfig, "_config", {}).get("backward_pass_autocast")
+    try:
+        fast_ok = (
+            unset is not None
+            and entry is not None
+            and entry.alias is None
+            and entry.justknob is None
+            and not entry.hide
+            and entry.env_value_force is unset
+            and isinstance(entry.default, str)
+        )
+    except AttributeError:
+        fast_ok = False
+    if not fast_ok:
+        return slow
+    get = entry.user_override.get
+    fallback = entry.default if entry.env_value_default is unset else entry.env_value_default
+
+    def fast() -> Any:
+        value = get()
+        return fallback if value is unset else value
+
+    return fast if fast() == slow() else slow
+
+
+_setting = _setting_reader()
 
 
 def _bad_setting(value: Any) -> AOTCompileError:
