@@ -391,8 +391,13 @@ def _install_aotkit_clock() -> dict[str, Callable[..., Any]]:
         if bw is not None and getattr(bw, "_aotkit_disabled_bw", False):
             kwargs["bw_compiler"] = bw.__wrapped__  # AotAutograd disables it again
         backends[name] = _timed_backend(aotkit_frontends.aot_autograd(**_timed_kwargs(kwargs)))
-    # the lazy backward compile: the thunk compile_flat hands to make_autograd_function
-    for modname in ("aotkit_capture._compile", "aotkit_frontends._compile"):
+    # the lazy backward compile: the thunk compile_flat hands to make_autograd_function.
+    # Every module that calls it is patched (since the compile-and-wrap step moved to
+    # _compiled_calls, _compile calls it only for the subclass layer: patching _compile
+    # alone left aotkit's lazy backward compile untimed)
+    patched = 0
+    modnames = ("aotkit_capture._compiled_calls", "aotkit_capture._compile", "aotkit_frontends._compile")
+    for modname in modnames:
         module = sys.modules.get(modname)
         if module is None:
             with contextlib.suppress(ImportError):
@@ -408,8 +413,8 @@ def _install_aotkit_clock() -> dict[str, Callable[..., Any]]:
                 return _make(compiled_fw, compile_backward, plan)
 
             module.make_autograd_function = make_timed
-            break
-    else:
+            patched += 1
+    if not patched:
         warnings.warn("zoo: aotkit's lazy backward compile is not timed", stacklevel=1)
     return backends
 
