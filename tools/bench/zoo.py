@@ -396,7 +396,12 @@ def _install_aotkit_clock() -> dict[str, Callable[..., Any]]:
     # _compiled_calls, _compile calls it only for the subclass layer: patching _compile
     # alone left aotkit's lazy backward compile untimed)
     patched = 0
-    modnames = ("aotkit_capture._compiled_calls", "aotkit_capture._compile", "aotkit_frontends._compile")
+    modnames = (
+        "aotkit_capture._compiled_calls",
+        "aotkit_capture._subclass_calls",
+        "aotkit_capture._compile",
+        "aotkit_frontends._compile",
+    )
     for modname in modnames:
         module = sys.modules.get(modname)
         if module is None:
