@@ -48,3 +48,28 @@ def test_recorded_view_chains_are_not_stored() -> None:
     infos = [*art.meta.input_info, *art.meta.output_info]
     assert any(getattr(i, "view_meta_sequence", None) is not None for i in infos)
     assert entry_payload(art, None) is None
+
+
+def test_a_tangent_layout_the_format_cannot_carry_is_refused() -> None:
+    # a channels-last tangent behind symbolic strides: its stored TensorSpec would restore
+    # as contiguous, feeding the backward tangents it was not compiled for
+    import pytest
+    from aotkit_capture._disk_cache_entry import _check_tangent_layouts_round_trip
+    from aotkit_capture._disk_cache_key import Uncacheable
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC] * 4)
+    real = torch.empty(2, 3, 4, 5)
+    plain = mode.from_tensor(real, symbolic_context=ctx)
+    channels_last = mode.from_tensor(
+        real.to(memory_format=torch.channels_last), symbolic_context=ctx
+    )
+    _check_tangent_layouts_round_trip([plain])  # contiguous: the spec carries it
+    with pytest.raises(Uncacheable, match="tangent layout"):
+        _check_tangent_layouts_round_trip([channels_last])

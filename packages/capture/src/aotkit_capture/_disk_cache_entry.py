@@ -8,10 +8,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch.fx
+from aotkit_runtime import TangentLayout
 from aotkit_schemas import (
     AOTConfig,
     CacheFormatError,
     PartitionResult,
+    TensorSpec,
     ViewAndMutationMeta,
     meta_from_json,
     meta_to_json,
@@ -69,6 +71,7 @@ def entry_payload(
             raise Uncacheable("effect tokens (See Note [Effect tokens])")
         if artifacts.relative_offsets is None:
             raise Uncacheable("the output offsets were not recorded")
+        _check_tangent_layouts_round_trip(artifacts.meta.traced_tangents)
         payload: dict[str, Any] = {
             "meta": meta_to_json(artifacts.meta),
             "layout_key": repr(artifacts.layout.key),
@@ -102,6 +105,20 @@ def entry_payload(
                     type(e).__name__, e)
         return None
     return payload
+
+
+def _check_tangent_layouts_round_trip(traced_tangents: Sequence[Any]) -> None:
+    """The backward is traced for each tangent's layout, and a restored entry restrides
+    runtime tangents to the layout its stored TensorSpecs give (See Note [Tangent strides
+    follow the outputs] in aotkit_analysis). A layout the spec cannot carry (a memory format
+    other than contiguous behind symbolic strides, a subclass's inner layout) would be
+    restored as another one, feeding the backward tangents it was not compiled for: such
+    entries are not stored."""
+    for t in traced_tangents:
+        if not isinstance(t, torch.Tensor):
+            continue
+        if TangentLayout.of(t) != TangentLayout.of(TensorSpec.of(t)):
+            raise Uncacheable("a tangent layout the cache format cannot carry")
 
 
 def _placeholder_values(artifacts: CompiledArtifacts) -> list[Any]:
