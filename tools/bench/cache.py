@@ -16,8 +16,10 @@ survives in memory:
   empty cache directories (aotkit's and Inductor's); warm: the directories the cold run
   filled. Target: aotkit_inductor warm <= torch warm.
 
-Processes take turns (cold, warm, cold, warm, ...), medians over ``--reps``. The machine
-may be loaded: read ratios, not absolute times.
+Processes take turns (cold, warm, cold, warm, ...), medians over ``--reps``. In the
+compile part, each backend gets a cold process per ``--compile-reps``, then ``--warm-reps``
+warm processes each, the two backends alternating. The machine may be loaded: read
+ratios, not absolute times.
 """
 
 from __future__ import annotations
@@ -73,11 +75,12 @@ def _child(kind: str, model: str) -> dict[str, Any]:
         fn(*w.inputs).sum().backward()
         return clock() - t0
 
-    t0 = clock()
+    t0, c0 = clock(), time.process_time()
     fn = build()
     first = clock() - t0 + step(fn)
+    first_cpu = time.process_time() - c0
     later = statistics.median(step(fn) for _ in range(3))
-    result: dict[str, Any] = {"first": first, "later": later}
+    result: dict[str, Any] = {"first": first, "later": later, "first_cpu": first_cpu}
     if kind == "aot":
         from aotkit_capture import cache_counters
 
@@ -115,6 +118,32 @@ def _cold_warm(kind: str, model: str, reps: int) -> tuple[list[dict[str, Any]], 
     return cold, warm
 
 
+def _compile_cold_warm(
+    kinds: list[str], model: str, reps: int, warm_reps: int
+) -> dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """Per rep: a cold process per backend (fresh cache directories), then ``warm_reps``
+    warm processes per backend, the backends taking turns, so load drifts hit both alike."""
+    out: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]] = {k: ([], []) for k in kinds}
+    for _ in range(reps):
+        with tempfile.TemporaryDirectory() as d:
+            envs = {
+                k: {
+                    "AOTKIT_CACHE": "1",
+                    "AOTKIT_CACHE_DIR": os.path.join(d, k, "aotkit"),
+                    "TORCHINDUCTOR_CACHE_DIR": os.path.join(d, k, "inductor"),
+                    "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+                    "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+                }
+                for k in kinds
+            }
+            for k in kinds:
+                out[k][0].append(_run(k, model, envs[k]))
+            for i in range(warm_reps):
+                for k in kinds if i % 2 == 0 else kinds[::-1]:
+                    out[k][1].append(_run(k, model, envs[k]))
+    return out
+
+
 def _med(runs: list[dict[str, Any]], field: str) -> float:
     return statistics.median(r[field] for r in runs)
 
@@ -125,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", default="mlp,transformer,convnet,pointwise")
     ap.add_argument("--compile-model", default="mlp", help="model for the torch.compile part")
     ap.add_argument("--reps", type=int, default=3, help="cold/warm pairs per model (aot part)")
-    ap.add_argument("--compile-reps", type=int, default=1, help="cold/warm pairs (compile part)")
+    ap.add_argument("--compile-reps", type=int, default=1, help="cold runs per backend (compile part)")
+    ap.add_argument("--warm-reps", type=int, default=3, help="warm runs per cold run and backend")
     ap.add_argument("--skip-compile", action="store_true")
+    ap.add_argument("--skip-aot", action="store_true")
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(_child(*args.child)))
@@ -134,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print("aot_module/aot_function + nop, fresh process, first forward+backward (CPU seconds)")
     print(f"{'model':<12} {'cold':>8} {'warm':>8} {'cold AOT':>9} {'warm AOT':>9} {'AOT ratio':>9}")
-    for model in args.models.split(","):
+    for model in [] if args.skip_aot else args.models.split(","):
         cold, warm = _cold_warm("aot", model, args.reps)
         if any("hit" not in r["counters"] or "trace" in r["counters"] for r in warm):
             print(f"  warning: {model} warm run traced: {[r['counters'] for r in warm]}")
@@ -148,13 +179,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     model = args.compile_model
     print(f"\ntorch.compile({model}), fresh process, first forward+backward (wall seconds)")
-    print(f"{'backend':<28} {'cold':>8} {'warm':>8}")
+    print(f"{'backend':<38} {'cold':>8} {'warm':>8} {'warm CPU':>9}")
+    kinds = {"aotkit_inductor": "aotkit_inductor", "inductor": "inductor (FXGraph+AOTAutograd caches)"}
+    runs = _compile_cold_warm(list(kinds), model, args.compile_reps, args.warm_reps)
     warm_first = {}
-    for kind, label in (("aotkit_inductor", "aotkit_inductor"), ("inductor", "inductor (FXGraph+AOTAutograd caches)")):
-        cold, warm = _cold_warm(kind, model, args.compile_reps)
+    for kind, label in kinds.items():
+        cold, warm = runs[kind]
         warm_first[kind] = _med(warm, "first")
-        print(f"{label:<28} {_med(cold, 'first'):>8.3f} {warm_first[kind]:>8.3f}")
-    print(f"warm aotkit_inductor / warm inductor: {warm_first['aotkit_inductor'] / warm_first['inductor']:.3f}")
+        print(
+            f"{label:<38} {_med(cold, 'first'):>8.3f} {warm_first[kind]:>8.3f} "
+            f"{_med(warm, 'first_cpu'):>9.3f}"
+        )
+    ratio = warm_first["aotkit_inductor"] / warm_first["inductor"]
+    print(f"warm aotkit_inductor / warm inductor: {ratio:.3f} (wall); per-pair ratios: "
+          + " ".join(f"{a['first'] / b['first']:.3f}" for a, b in zip(*(runs[k][1] for k in kinds))))
     return 0
 
 
