@@ -39,7 +39,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ._boxing import BoxedCallable
-from ._inductor_passes import USER_VISIBLE_OUTPUTS_KEY, GraphRole, joint_graph_passes, role_kwargs
+from . import _inductor_cache
+from ._inductor_passes import (
+    USER_VISIBLE_OUTPUTS_KEY,
+    GraphRole,
+    compile_kwargs_for_role,
+    joint_graph_passes,
+    role_kwargs,
+)
 from ._tokens import unlift_tokens
 
 _log = get_logger("compile")
@@ -163,11 +170,19 @@ def _compile(
         return unlifted.lifted_call(inner)  # type: ignore[return-value]
     fake_mode, fake_inputs = _fakify(example_inputs)
     with _allow_non_fake_inputs(fake_mode):
-        copied = None if retrace else _copy_if_flat(gm)
+        spec = None if retrace else _flat_spec(gm)
+        if spec is not None:
+            # See Note [Inductor artifact keys]: a graph restored from aotkit's disk cache
+            # may carry the key of Inductor's artifact
+            loaded = _inductor_cache.load(gm, fake_inputs, compile_kwargs_for_role(gm, role))
+            if loaded is not None:
+                return _boxed_with_structure(loaded, spec)
+        copied = None if spec is None else (_copy_flat(gm), spec)
         if copied is not None:
             try:
                 kwargs = _prepare(copied[0], gm, fake_inputs, fake_mode, role)
                 compiled = compile_fx_inner(copied[0], fake_inputs, **kwargs)
+                _inductor_cache.remember(gm, compiled, fake_inputs, kwargs)
                 return _boxed_with_structure(compiled, copied[1])
             except Exception as e:  # re-traced below, where a real error raises again
                 _log.debug("Inductor refused the graph as traced (%s); re-tracing it", e)
@@ -259,10 +274,9 @@ def _retrace_flat(
     return flat_gm, specs[-1]
 
 
-def _copy_if_flat(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, pytree.TreeSpec] | None:
-    """A copy of ``gm`` (Inductor's passes rewrite the graph they get) and its output
-    structure, when Inductor takes it as it is; else None. See Note [Why inductor_compiler
-    re-traces]."""
+def _flat_spec(gm: torch.fx.GraphModule) -> pytree.TreeSpec | None:
+    """The output structure of ``gm`` when Inductor takes the graph as it is (its copy);
+    else None. See Note [Why inductor_compiler re-traces]."""
     output = None
     for node in gm.graph.nodes:
         if node.op == "output":
@@ -288,6 +302,13 @@ def _copy_if_flat(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, pytre
         o is None or isinstance(o, torch.fx.Node) for o in outs
     ):
         return None
+    leaves = [o is not None for o in outs]  # Nones stay graph outputs; See _boxed_with_structure
+    return pytree.tree_structure(leaves if isinstance(outs, list) else tuple(leaves))
+
+
+def _copy_flat(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A copy of ``gm`` (Inductor's passes rewrite the graph they get) that returns a list,
+    for a graph ``_flat_spec`` accepts."""
     graph = torch.fx.Graph()
     copied_outs = graph.graph_copy(gm.graph, {})
     graph.output(list(copied_outs) if isinstance(copied_outs, list | tuple) else copied_outs)
@@ -297,9 +318,7 @@ def _copy_if_flat(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, pytre
         # on CPU): unused getitems of it must not reach the lowering.
         flat_gm.graph.eliminate_dead_code()
         flat_gm.recompile()
-    leaves = [o is not None for o in outs]  # Nones stay graph outputs; See _boxed_with_structure
-    spec = pytree.tree_structure(leaves if isinstance(outs, list) else tuple(leaves))
-    return flat_gm, spec
+    return flat_gm
 
 
 def _boxed_with_structure(

@@ -83,13 +83,19 @@ def role_kwargs(
     """``compile_fx_inner``'s keyword arguments for a graph of ``role`` (None: none), after
     the role's preparation of ``gm`` (joint passes for an inference graph, user-visible
     outputs). See Note [Inductor's graph roles]."""
+    if role is not None and role != "forward":
+        # the forward's are marked by the partition step, or (another partitioner, a graph
+        # restored from the disk cache) left unmarked: then no output's strides are pinned
+        mark_user_visible_outputs(gm)
+    return compile_kwargs_for_role(gm, role)
+
+
+def compile_kwargs_for_role(gm: torch.fx.GraphModule, role: GraphRole | None) -> dict[str, Any]:
+    """``role_kwargs`` without preparing ``gm``: the keyword arguments alone."""
     if role is None:
         return {}
     if role == "forward":
-        # marked by the partition step, or (another partitioner, a graph restored from the
-        # disk cache) left unmarked: then no output's strides are pinned, as before roles
         return {"is_inference": False}
-    mark_user_visible_outputs(gm)
     if role == "inference":
         return {"is_inference": True}
     placeholders = gm.graph.find_nodes(op="placeholder")

@@ -31,9 +31,13 @@
 #     partitioner: it rebuilds the graphs with fake values, hands them to the compilers
 #     (``_compile.training_call``/``inference_call``, the same code a fresh compilation
 #     runs) and wraps the epilogue. The compiler's own artifact is not stored by aotkit:
-#     nop recompiles from the graph (cheap); ``aotkit_inductor``'s compilers call
-#     ``compile_fx_inner``, whose FX graph cache (keyed on the graph, inputs and Inductor's
-#     config, in Inductor's own cache directory) serves the compiled artifact.
+#     nop recompiles from the graph (cheap); ``aotkit_inductor``'s compilers record the
+#     key of their artifact in Inductor's FX graph cache (in Inductor's own cache
+#     directory), which the entry stores with each graph (``artifact_keys``, a short
+#     checked string, added to the entry when the backward compiles) and gives back to the
+#     restored graphs, so that Inductor loads its artifact without recomputing its key
+#     (See Note [Compiled-artifact keys] in aotkit_schemas and Note [Inductor artifact
+#     keys] in aotkit_backends).
 #   * Graphs with symbolic sizes carry their shape facts (sizes as JSON expression trees,
 #     the ShapeEnv's guards) and are used only where those hold: See Note [Dynamic shapes
 #     in the on-disk cache]. Such entries are ``<key>-<hash of the facts>.json``: one key
@@ -150,8 +154,9 @@ def clear_entries() -> int:
 # ---- reading and writing entry files ---------------------------------------------------
 
 
-def store(key: str, payload: dict[str, Any]) -> None:
-    """Write one entry atomically. See Note [On-disk compile cache]."""
+def store(key: str, payload: dict[str, Any], counter: str = "store") -> None:
+    """Write one entry atomically (counted in ``cache_counters[counter]``). See Note
+    [On-disk compile cache]."""
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
     doc = {
         "format": CACHE_FORMAT,
@@ -177,7 +182,7 @@ def store(key: str, payload: dict[str, Any]) -> None:
     except OSError as e:
         log.warning("aotkit cache: could not write %s: %s", path, e)
         return
-    cache_counters["store"] += 1
+    cache_counters[counter] += 1
 
 
 def load(key: str) -> dict[str, Any] | None:

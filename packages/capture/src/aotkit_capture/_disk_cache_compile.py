@@ -23,6 +23,7 @@ from ._compile import CompiledArtifacts, Runner, compile_traced, finish
 from ._compile import _fakify as fakify_compiled
 from ._compiled_calls import inference_call, training_call
 from ._disk_cache import cache_counters, reject_payload, variants
+from ._disk_cache_artifacts import apply_artifact_keys, compiled_graphs, keep_artifact_keys_current
 from ._disk_cache import load as cache_load
 from ._disk_cache import store as cache_store
 from ._disk_cache_entry import CacheSidecar, cache_key_or_none, entry_payload, read_entry
@@ -67,6 +68,7 @@ def compile_flat(
                 facts = json.dumps(payload["shape"], sort_keys=True).encode()
                 name = f"{key}-{hashlib.sha256(facts).hexdigest()[:16]}"
             cache_store(name, payload)
+            keep_artifact_keys_current(name, payload, compiled_graphs(artifacts))
     return runner, artifacts
 
 
@@ -119,6 +121,9 @@ def _restore(
         if symbolic:
             fake_mode, fake, env = _symbolic_inputs(payload["shape"], flat_args, cfg)
         entry = read_entry(payload, fake_mode or FakeTensorMode(), env)
+        graphs = compiled_graphs(entry)
+        apply_artifact_keys(payload, graphs)  # See Note [Compiled-artifact keys]
+        keep_artifact_keys_current(key, payload, graphs)
         users = entry.mutated_user_inputs
         layout = (
             compute_input_layout(flat_args)

@@ -22,6 +22,8 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._disk_cache import cache_counters, graph_from_json, graph_to_json
+from ._disk_cache_artifacts import FIELD as ARTIFACT_KEYS
+from ._disk_cache_artifacts import artifact_keys_json, compiled_graphs
 from ._disk_cache_key import Uncacheable, entry_key
 from ._disk_cache_symbolic import SymbolicForm
 
@@ -88,6 +90,8 @@ def entry_payload(
         form = _symbolic_form(artifacts) if symbolic else None
         if form is not None:
             payload["shape"] = form.facts(_placeholder_values(artifacts))
+        # See Note [Compiled-artifact keys] in aotkit_schemas
+        payload[ARTIFACT_KEYS] = artifact_keys_json(compiled_graphs(artifacts))
         if artifacts.partition is not None:
             payload["fw"] = graph_to_json(artifacts.partition.fw_module, form)
             payload["bw"] = graph_to_json(artifacts.partition.bw_module, form)

@@ -48,7 +48,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ._ambient import ambient_key
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: artifact keys (See Note [Compiled-artifact keys])
 _PLAIN = (int, float, bool, str, bytes, type(None), complex)
 _AOTKIT_PACKAGES = (
     "aotkit_schemas", "aotkit_functional", "aotkit_analysis", "aotkit_runtime",

@@ -5,6 +5,11 @@ from ._alias_info import MutationType as MutationType
 from ._alias_info import OutputAliasInfo as OutputAliasInfo
 from ._alias_info import OutputType as OutputType
 from ._alias_info import mutation_can_stay_in_graph as mutation_can_stay_in_graph
+from ._artifact_keys import ARTIFACT_KEY_META as ARTIFACT_KEY_META
+from ._artifact_keys import ARTIFACT_KEY_PATTERN as ARTIFACT_KEY_PATTERN
+from ._artifact_keys import artifact_key as artifact_key
+from ._artifact_keys import on_artifact_key as on_artifact_key
+from ._artifact_keys import record_artifact_key as record_artifact_key
 from ._config import AOTConfig as AOTConfig
 from ._disk_cache_config import DiskCacheConfig as DiskCacheConfig
 from ._disk_cache_config import disk_cache_config as disk_cache_config
@@ -70,6 +75,11 @@ __all__ = [
     "CacheFormatError",
     "TensorSpec",
     "compiler_cache_key",
+    "ARTIFACT_KEY_META",
+    "ARTIFACT_KEY_PATTERN",
+    "artifact_key",
+    "on_artifact_key",
+    "record_artifact_key",
     "dtype_from_name",
     "dtype_name",
     "mark_cache_key",

@@ -1,0 +1,76 @@
+"""The compilers' artifact keys in an on-disk cache entry (See Note [Compiled-artifact keys]
+in aotkit_schemas): stored with each graph, set on the restored graphs, and added to the
+entry when a graph's compiler records one after the entry was written (the backward is
+compiled at its first call)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import torch.fx
+from aotkit_schemas import ARTIFACT_KEY_META, ARTIFACT_KEY_PATTERN, CacheFormatError
+from aotkit_schemas import artifact_key as recorded_key
+from aotkit_schemas import on_artifact_key
+
+from ._disk_cache import store as cache_store
+
+if TYPE_CHECKING:
+    from ._compile import CompiledArtifacts
+    from ._disk_cache_entry import CachedEntry
+
+log = logging.getLogger(__name__)
+
+FIELD = "artifact_keys"
+
+
+def compiled_graphs(artifacts: CompiledArtifacts | CachedEntry) -> dict[str, torch.fx.GraphModule]:
+    """The entry's graphs by role: ``fw``/``bw`` or ``inference``."""
+    partition = artifacts.partition
+    if partition is not None:
+        return {"fw": partition.fw_module, "bw": partition.bw_module}
+    inference = getattr(artifacts, "inference", None) or getattr(
+        artifacts, "inference_module", None
+    )
+    return {} if inference is None else {"inference": inference}
+
+
+def artifact_keys_json(graphs: dict[str, torch.fx.GraphModule]) -> dict[str, str]:
+    """The keys recorded on ``graphs`` so far."""
+    keys = {role: recorded_key(gm) for role, gm in graphs.items()}
+    return {role: k for role, k in keys.items() if k is not None}
+
+
+def apply_artifact_keys(payload: dict[str, Any], graphs: dict[str, torch.fx.GraphModule]) -> None:
+    """Set a payload's keys on the restored graphs; CacheFormatError when malformed."""
+    keys = payload.get(FIELD, {})
+    if not isinstance(keys, dict):
+        raise CacheFormatError("bad artifact keys")
+    for role, k in keys.items():
+        if role not in graphs or not isinstance(k, str) or not ARTIFACT_KEY_PATTERN.fullmatch(k):
+            raise CacheFormatError("bad artifact key")
+        graphs[role].meta[ARTIFACT_KEY_META] = k
+
+
+def keep_artifact_keys_current(
+    name: str, payload: dict[str, Any], graphs: dict[str, torch.fx.GraphModule]
+) -> None:
+    """Rewrite entry ``name`` when a compiler records a key on one of ``graphs`` that the
+    entry lacks (a backward compiled after the entry was written, or an artifact compiled
+    again after a restored key no longer applied)."""
+    latest = payload
+
+    def update(role: str, key: str) -> None:
+        nonlocal latest
+        keys = latest.get(FIELD)
+        if not isinstance(keys, dict) or keys.get(role) == key:
+            return
+        latest = {**latest, FIELD: {**keys, role: key}}
+        try:
+            cache_store(name, latest, counter="artifact_update")
+        except Exception as e:  # never an error: See Note [On-disk compile cache]
+            log.warning("aotkit cache: could not add an artifact key to %s (%s: %s)",
+                        name, type(e).__name__, e)
+
+    for role, gm in graphs.items():
+        on_artifact_key(gm, lambda key, role=role: update(role, key))
