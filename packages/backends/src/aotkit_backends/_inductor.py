@@ -38,8 +38,8 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ._boxing import BoxedCallable
 from . import _inductor_cache
+from ._boxing import BoxedCallable
 from ._inductor_passes import (
     USER_VISIBLE_OUTPUTS_KEY,
     GraphRole,

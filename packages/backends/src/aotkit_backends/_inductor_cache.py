@@ -320,7 +320,7 @@ def _load_by_key(
         return not guards_expr  # handles are only recorded for artifacts without guards
 
     with _disable_current_modes():  # as compile_fx_inner: the caller's fake mode is active
-        torch._inductor.async_compile.CompiledTritonKernels.cache_clear()
+        torch._inductor.async_compile.CompiledTritonKernels.cache_clear()  # type: ignore[no-untyped-call]
         constants = CompiledFxGraphConstantsWithGm(gm)
         compiled, _ = FxGraphCache.load_with_key(
             key,
@@ -338,5 +338,5 @@ def _load_by_key(
         compiled._fx_graph_cache_key = key
         if graph_kwargs.get("cudagraphs") is None:
             graph_kwargs["cudagraphs"] = BoxedBool(config.triton.cudagraphs)
-        compiled.post_compile(fake_inputs, constants, graph_kwargs)
+        compiled.post_compile(fake_inputs, constants, graph_kwargs)  # type: ignore[arg-type]
     return compiled

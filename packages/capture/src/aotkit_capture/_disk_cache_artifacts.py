@@ -6,12 +6,17 @@ compiled at its first call)."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch.fx
-from aotkit_schemas import ARTIFACT_KEY_META, ARTIFACT_KEY_PATTERN, CacheFormatError
+from aotkit_schemas import (
+    ARTIFACT_KEY_META,
+    ARTIFACT_KEY_PATTERN,
+    CacheFormatError,
+    on_artifact_key,
+)
 from aotkit_schemas import artifact_key as recorded_key
-from aotkit_schemas import on_artifact_key
 
 from ._disk_cache import store as cache_store
 
@@ -72,5 +77,8 @@ def keep_artifact_keys_current(
             log.warning("aotkit cache: could not add an artifact key to %s (%s: %s)",
                         name, type(e).__name__, e)
 
+    def listener(role: str) -> Callable[[str], None]:
+        return lambda key: update(role, key)
+
     for role, gm in graphs.items():
-        on_artifact_key(gm, lambda key, role=role: update(role, key))
+        on_artifact_key(gm, listener(role))

@@ -23,9 +23,9 @@ from ._compile import CompiledArtifacts, Runner, compile_traced, finish
 from ._compile import _fakify as fakify_compiled
 from ._compiled_calls import inference_call, training_call
 from ._disk_cache import cache_counters, reject_payload, variants
-from ._disk_cache_artifacts import apply_artifact_keys, compiled_graphs, keep_artifact_keys_current
 from ._disk_cache import load as cache_load
 from ._disk_cache import store as cache_store
+from ._disk_cache_artifacts import apply_artifact_keys, compiled_graphs, keep_artifact_keys_current
 from ._disk_cache_entry import CacheSidecar, cache_key_or_none, entry_payload, read_entry
 from ._disk_cache_key import symbolic_kind
 from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, restored_guard
