@@ -1,0 +1,136 @@
+"""aotkit_inductor's warm start: Inductor's artifacts loaded by the keys aotkit's disk cache
+stored, without tracing and without recomputing Inductor's cache key; every way the stored
+key can stop applying falls back to compiling, with the same results. See Note
+[Compiled-artifact keys] in aotkit_schemas and Note [Inductor artifact keys] in
+aotkit_backends."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aotkit_backends import inductor_available, inductor_unavailable_reason
+
+pytestmark = pytest.mark.skipif(
+    not inductor_available(), reason=str(inductor_unavailable_reason())
+)
+
+PROGRAM = str(Path(__file__).with_name("_disk_cache_inductor_program.py"))
+
+
+def _start(root: Path, config: dict[str, Any] | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+           "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
+    spec = {"aotkit": str(root / "aotkit"), "config": config or {}}
+    return subprocess.Popen([sys.executable, PROGRAM, json.dumps(spec)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    try:
+        out, err = proc.communicate(timeout=900)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def _entries(root: Path) -> list[Path]:
+    return sorted((root / "aotkit").rglob("*.json"))
+
+
+def _payload(p: Path) -> dict[str, Any]:
+    payload: dict[str, Any] = json.loads(json.loads(p.read_text())["payload"])
+    return payload
+
+
+def _rewrite_keys(p: Path, change: Any) -> None:
+    doc = json.loads(p.read_text())
+    payload = json.loads(doc["payload"])
+    payload["artifact_keys"] = {r: change(k) for r, k in payload["artifact_keys"].items()}
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    doc["payload"], doc["sha256"] = text, hashlib.sha256(text.encode()).hexdigest()
+    p.write_text(json.dumps(doc))
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
+    for field in ("out", "grads", "inference"):
+        assert a[field] == b[field], field
+
+
+@pytest.fixture(scope="module")
+def cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    root = tmp_path_factory.mktemp("cold")
+    return root, _wait(_start(root))
+
+
+def _copy(cold: tuple[Path, dict[str, Any]], dest: Path) -> Path:
+    shutil.copytree(cold[0], dest)
+    return dest
+
+
+def test_cold_stores_inductor_keys(cold: tuple[Path, dict[str, Any]]) -> None:
+    root, result = cold
+    assert result["counters"]["trace"] == 2 and result["counters"]["store"] == 2
+    # the backward compiled after its entry was written: its key was added then
+    assert result["counters"]["artifact_update"] == 1
+    roles = sorted(sorted(_payload(p)["artifact_keys"]) for p in _entries(root))
+    assert roles == [["bw", "fw"], ["inference"]]
+    for p in _entries(root):
+        for key in _payload(p)["artifact_keys"].values():
+            assert key.startswith("fxgraph/")
+
+
+def test_warm_start_loads_by_stored_key(
+    cold: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    root = _copy(cold, tmp_path / "warm")
+    warm = _wait(_start(root))
+    _same(warm, cold[1])
+    assert "trace" not in warm["counters"] and warm["counters"]["hit"] == 2
+    assert warm["fx_graph_hashes"] == 0  # Inductor's key was not recomputed
+    assert warm["fxgraph_cache_hit"] == 3  # forward, backward, inference
+    assert "artifact_update" not in warm["counters"] and "store" not in warm["counters"]
+
+
+def test_stored_keys_that_do_not_apply_fall_back(
+    cold: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    # Inductor's artifacts gone; a key Inductor's cache does not hold; Inductor's settings
+    # changed since the cold run; a malformed key (the entry is then refused)
+    gone = _copy(cold, tmp_path / "gone")
+    shutil.rmtree(gone / "inductor" / "fxgraph")
+    missing = _copy(cold, tmp_path / "missing")
+    for p in _entries(missing):
+        _rewrite_keys(p, lambda k: k[: -8] + "aaaaaaaa")
+    malformed = _copy(cold, tmp_path / "malformed")
+    for p in _entries(malformed):
+        _rewrite_keys(p, lambda k: k + "/../../x y")
+    settings = _copy(cold, tmp_path / "settings")
+    procs = {
+        "gone": _start(gone),
+        "missing": _start(missing),
+        "malformed": _start(malformed),
+        "settings": _start(settings, {"comment_origin": True}),
+    }
+    results = {name: _wait(proc) for name, proc in procs.items()}
+    for name, r in results.items():
+        _same(r, cold[1])
+        assert r["fx_graph_hashes"] == 3, name  # each graph went through compile_fx_inner
+    for name in ("gone", "missing", "settings"):
+        assert "trace" not in results[name]["counters"], name  # aotkit's entries still served
+    assert results["malformed"]["counters"]["trace"] == 2
+    assert results["malformed"]["counters"]["reject"] == 2
+    # Inductor compiled again under new settings: the entries now carry the new keys
+    assert results["settings"]["counters"]["artifact_update"] == 3
+    again = _wait(_start(settings, {"comment_origin": True}))
+    _same(again, cold[1])
+    assert again["fx_graph_hashes"] == 0 and "trace" not in again["counters"]
