@@ -83,6 +83,10 @@ _DEFAULT_KWARGS: dict[str, Any] = {
 }
 
 
+# torch_key hashes torch's Python sources and three files of Inductor's AOT runtime
+_TORCH = (".py", "interface.cpp", "streams.h", "script.ld")
+
+
 class _NoHandle(Exception):
     """The settings cannot be described: no handle."""
 
@@ -111,15 +115,16 @@ def _scan(path: str, out: list[str], suffixes: tuple[str, ...]) -> None:
 
 
 @functools.cache
-def _package_stamp(name: str) -> str | None:
-    """A package's version and the path, size and modification time of each of its source
-    and extension files (None when it is not installed)."""
+def _package_stamp(name: str, suffixes: tuple[str, ...]) -> str | None:
+    """The path, size and modification time of each of a package's files ending in one of
+    ``suffixes`` (None when it is not installed): the files ``torch_key``/``triton_key``
+    hash (torch's Python sources; triton's, and its compiler library)."""
     spec = importlib.util.find_spec(name)
     if spec is None or not spec.submodule_search_locations:
         return None
     files: list[str] = []
     for root in spec.submodule_search_locations:
-        _scan(root, files, (".py", ".so", ".pyd", ".h", ".cpp", ".ld"))
+        _scan(root, files, suffixes)
     h = hashlib.sha256("\n".join(sorted(files)).encode())
     return h.hexdigest()
 
@@ -128,8 +133,8 @@ def _package_stamp(name: str) -> str | None:
 def _system() -> dict[str, Any]:
     """What ``CacheBase.get_system`` reads, triton's source hash replaced by a stamp."""
     system: dict[str, Any] = {
-        "torch": [torch.__version__, torch.version.git_version, _package_stamp("torch")],
-        "triton": _package_stamp("triton"),
+        "torch": [torch.__version__, torch.version.git_version, _package_stamp("torch", _TORCH)],
+        "triton": _package_stamp("triton", (".py", ".so", ".pyd")),
         "cuda": torch.version.cuda,
         "hip": torch.version.hip,
     }
