@@ -26,7 +26,7 @@ PROGRAM = str(Path(__file__).with_name("_disk_cache_inductor_program.py"))
 
 
 def _start(root: Path, config: dict[str, Any] | None = None) -> subprocess.Popen[str]:
-    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+    env = {**os.environ, "AOTKIT_CACHE": "1", "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
     spec = {"aotkit": str(root / "aotkit"), "config": config or {}}
     return subprocess.Popen([sys.executable, PROGRAM, json.dumps(spec)], env=env,
