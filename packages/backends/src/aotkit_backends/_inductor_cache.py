@@ -340,6 +340,11 @@ def _load_by_key(
         if compiled is None:
             _log.debug("Inductor's artifact %s is gone; compiling", key)
             return None
+        strides = compiled.output_strides
+        outputs = gm.graph.find_nodes(op="output")[0].args[0]
+        if strides is not None and len(strides) != len(outputs):
+            _log.debug("Inductor's artifact %s returns another number of outputs", key)
+            return None
         compiled._fx_graph_cache_key = key
         if graph_kwargs.get("cudagraphs") is None:
             graph_kwargs["cudagraphs"] = BoxedBool(config.triton.cudagraphs)

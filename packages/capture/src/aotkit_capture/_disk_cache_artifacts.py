@@ -18,6 +18,7 @@ from aotkit_schemas import (
 )
 from aotkit_schemas import artifact_key as recorded_key
 
+from ._disk_cache import load as cache_load
 from ._disk_cache import store as cache_store
 
 if TYPE_CHECKING:
@@ -57,22 +58,19 @@ def apply_artifact_keys(payload: dict[str, Any], graphs: dict[str, torch.fx.Grap
         graphs[role].meta[ARTIFACT_KEY_META] = k
 
 
-def keep_artifact_keys_current(
-    name: str, payload: dict[str, Any], graphs: dict[str, torch.fx.GraphModule]
-) -> None:
+def keep_artifact_keys_current(name: str, graphs: dict[str, torch.fx.GraphModule]) -> None:
     """Rewrite entry ``name`` when a compiler records a key on one of ``graphs`` that the
     entry lacks (a backward compiled after the entry was written, or an artifact compiled
-    again after a restored key no longer applied)."""
-    latest = payload
+    again after a restored key no longer applied). The entry is read again from disk then,
+    not kept in memory meanwhile."""
 
     def update(role: str, key: str) -> None:
-        nonlocal latest
-        keys = latest.get(FIELD)
-        if not isinstance(keys, dict) or keys.get(role) == key:
-            return
-        latest = {**latest, FIELD: {**keys, role: key}}
         try:
-            cache_store(name, latest, counter="artifact_update")
+            payload = cache_load(name)
+            keys = None if payload is None else payload.get(FIELD)
+            if payload is None or not isinstance(keys, dict) or keys.get(role) == key:
+                return
+            cache_store(name, {**payload, FIELD: {**keys, role: key}}, counter="artifact_update")
         except Exception as e:  # never an error: See Note [On-disk compile cache]
             log.warning("aotkit cache: could not add an artifact key to %s (%s: %s)",
                         name, type(e).__name__, e)

@@ -68,7 +68,7 @@ def compile_flat(
                 facts = json.dumps(payload["shape"], sort_keys=True).encode()
                 name = f"{key}-{hashlib.sha256(facts).hexdigest()[:16]}"
             cache_store(name, payload)
-            keep_artifact_keys_current(name, payload, compiled_graphs(artifacts))
+            keep_artifact_keys_current(name, compiled_graphs(artifacts))
     return runner, artifacts
 
 
@@ -123,7 +123,7 @@ def _restore(
         entry = read_entry(payload, fake_mode or FakeTensorMode(), env)
         graphs = compiled_graphs(entry)
         apply_artifact_keys(payload, graphs)  # See Note [Compiled-artifact keys]
-        keep_artifact_keys_current(key, payload, graphs)
+        keep_artifact_keys_current(key, graphs)
         users = entry.mutated_user_inputs
         layout = (
             compute_input_layout(flat_args)

@@ -25,11 +25,15 @@ cached output, and gets it back on a warm start.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 ARTIFACT_KEY_META = "aotkit_artifact_key"
-_LISTENERS_META = "aotkit_artifact_key_listeners"
+# the callbacks live beside the graphs, not in their ``meta``: a graph stays picklable
+_listeners: weakref.WeakKeyDictionary[Any, list[Callable[[str], None]]] = (
+    weakref.WeakKeyDictionary()
+)
 ARTIFACT_KEY_PATTERN = re.compile(r"[A-Za-z0-9_./:=-]{1,256}")
 
 
@@ -43,7 +47,7 @@ def record_artifact_key(gm: Any, key: str) -> None:
     if meta.get(ARTIFACT_KEY_META) == key:
         return
     meta[ARTIFACT_KEY_META] = key
-    for callback in list(meta.get(_LISTENERS_META, ())):
+    for callback in list(_listeners.get(gm, ())):
         callback(key)
 
 
@@ -56,6 +60,4 @@ def artifact_key(gm: Any) -> str | None:
 
 def on_artifact_key(gm: Any, callback: Callable[[str], None]) -> None:
     """Call ``callback(key)`` when a new handle is recorded on ``gm``."""
-    meta = getattr(gm, "meta", None)
-    if isinstance(meta, dict):
-        meta.setdefault(_LISTENERS_META, []).append(callback)
+    _listeners.setdefault(gm, []).append(callback)
