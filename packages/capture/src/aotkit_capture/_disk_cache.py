@@ -3,7 +3,7 @@
 # Note [On-disk compile cache]
 # What: one compiled entry (one program, one input pattern, one ambient state; See Note
 # [On-disk cache keys]) is one file ``<dir>/v<FORMAT>/<key[:2]>/<key>.json``:
-#     {"format": 1, "torch": "...", "aotkit": "<source hash>", "key": "<key>",
+#     {"format": 2, "torch": "...", "aotkit": "<source hash>", "key": "<key>",
 #      "sha256": "<hash of payload>", "payload": "<JSON text>"}
 # The payload holds the ViewAndMutationMeta (versioned JSON, See Note [Cache JSON format]
 # in aotkit_schemas), the input layout (its key and the user inputs whose mutation chose
