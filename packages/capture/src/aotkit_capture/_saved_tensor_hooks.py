@@ -16,7 +16,11 @@
 #     backward, right after its placeholders: the saved placeholder is replaced by one
 #     placeholder per returned tensor (where the saved one was) and per SymInt (first),
 #     constants are written into the graph, and the saved value's users read unpack's
-#     result. The last selected saved tensor's prologue comes first, as in torch;
+#     result. The last selected saved tensor's prologue comes first, as in torch. Packed
+#     SymInts' placeholders go before the first placeholder that is not one: torch's
+#     anchor (the backward's original first placeholder) while it exists; where torch's
+#     anchor was a saved tensor already replaced (no saved SymInts), torch fails its own
+#     order check, and aotkit keeps the calling convention instead;
 #   * the forward returns ``(*user outputs, *saved tensors and packed tensors in the saved
 #     order, *packed SymInts, *saved SymInts)``, the backward's placeholders follow, and the
 #     names on both sides agree (checked).
@@ -265,6 +269,7 @@ class _Inliner:
         self.saved: list[torch.fx.Node] = outs[num_fwd_outputs:]
         self.packed_tensors: list[torch.fx.Node] = []
         self.packed_syms: list[torch.fx.Node] = []
+        self.sym_placeholders: set[torch.fx.Node] = set()
 
     def _selected(self, meta: ViewAndMutationMeta) -> Callable[[torch.fx.Node], bool] | None:
         mode = filtering_mode()
@@ -394,12 +399,14 @@ class _Inliner:
                 env[ph] = bw_saved
                 used_directly = True
                 continue
-            anchor = self.bw_inputs[0] if is_sym else bw_saved
+            anchor = self._sym_anchor() if is_sym else bw_saved
             with self.bw.inserting_before(anchor):
                 new = self.bw.placeholder(names[i])
             if new.name != names[i]:
                 raise AssertionError(f"expected new_n.name == {names[i]}, got {new.name}")
             new.meta = copy.copy(fw_leaf.meta)
+            if is_sym:
+                self.sym_placeholders.add(new)
             env[ph] = new
         returned: torch.fx.Node | None = None
         with self.bw.inserting_before(self.bw_inputs[-1].next):
@@ -423,6 +430,17 @@ class _Inliner:
             bw_saved.replace_all_uses_with(result[0])
             self.bw.erase_node(bw_saved)
         self.bw.erase_node(returned)
+
+    def _sym_anchor(self) -> torch.fx.Node:
+        """Where a packed SymInt's placeholder goes: before the first placeholder that is
+        not one (the backward takes the saved SymInts first). torch inserts before the
+        backward's original first placeholder, the same node while it exists; when that
+        was a saved tensor already replaced (no saved SymInts), torch's order check fails,
+        and this keeps the calling convention."""
+        for node in self.bw.find_nodes(op="placeholder"):
+            if node not in self.sym_placeholders:
+                return node
+        raise AssertionError("the backward graph has no placeholder left")
 
     def _check_names(self, n_tensors: int, n_syms: int) -> None:
         outs = list(self.fw_output.args[0])  # type: ignore[arg-type]
