@@ -52,7 +52,7 @@ from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
 from ._saved_tensor_hooks import (
-    hooks_ignored_while_tracing,
+    hooks_hidden_while_tracing,
     inline_after_partition,
     with_hooks_runtime,
 )
@@ -246,7 +246,7 @@ def compile_traced(
     """
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     compile_in = functools.partial(_compile_flat, flat_fn, flat_args, cfg)
-    with hooks_ignored_while_tracing():  # See Note [Inlined saved-tensors hooks]
+    with hooks_hidden_while_tracing():  # See Note [Inlined saved-tensors hooks]
         return retry_with_shape_env(compile_in, fake_mode, shape_env)  # for while_loop
 
 

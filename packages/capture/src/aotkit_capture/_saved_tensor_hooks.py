@@ -42,9 +42,12 @@
 # compilations, since it cannot compare GraphModule hooks across processes.
 #
 # Hooks of any other kind (plain Python functions) are applied by autograd at run time to
-# the real saved tensors, as in eager. While aotkit traces, every default hook is ignored
-# (``_saved_tensors_hooks_set_tracing``): autograd would otherwise call them on fake
-# tensors and record their ops into the joint graph.
+# the real saved tensors, as in eager. While aotkit compiles, the caller's hooks are taken
+# off autograd's stack and put back afterwards: autograd would otherwise call them on fake
+# tensors and record their ops into the joint graph. Not torch's way (it makes autograd
+# ignore every default hook while tracing): hooks the traced function pushes itself, such
+# as a non-reentrant checkpoint's, keep working, so the joint traces the checkpoint's
+# recomputation as eager runs it.
 """
 
 from __future__ import annotations
@@ -161,14 +164,32 @@ def saved_tensors_hooks_key() -> tuple[Any, ...] | None:
 
 
 @contextlib.contextmanager
-def hooks_ignored_while_tracing() -> Iterator[None]:
-    """Autograd ignores the default saved-tensors hooks in the body (the traces run on
-    fake tensors). See Note [Inlined saved-tensors hooks]."""
-    prior = _autograd._saved_tensors_hooks_set_tracing(True)
+def hooks_hidden_while_tracing() -> Iterator[None]:
+    """Take the caller's default saved-tensors hooks off autograd's stack for the body
+    (the compilation: its traces run on fake tensors), and put them back after; the
+    innermost inlineable hooks are what ``compile_hooks()`` returns meanwhile. Hooks
+    pushed inside the body (a non-reentrant checkpoint in the traced function) work as
+    usual. See Note [Inlined saved-tensors hooks]."""
+    previous = getattr(_state, "compile_hooks", None)
+    _state.compile_hooks = inlineable_hooks()
+    hidden: list[tuple[Any, Any]] = []
+    # while hooks are disabled no hook runs, and pushing them back would raise
+    if _autograd._saved_tensors_hooks_get_disabled_error_message() is None:
+        while (top := _autograd._top_saved_tensors_default_hooks(True)) is not None:
+            hidden.append(top)
+            _autograd._pop_saved_tensors_default_hooks()
     try:
         yield
     finally:
-        _autograd._saved_tensors_hooks_set_tracing(prior)
+        for pack, unpack in reversed(hidden):
+            _autograd._push_saved_tensors_default_hooks(pack, unpack)
+        _state.compile_hooks = previous
+
+
+def compile_hooks() -> tuple[torch.fx.GraphModule, torch.fx.GraphModule] | None:
+    """The inlineable hooks in force when the running compilation started (None outside
+    ``hooks_hidden_while_tracing``)."""
+    return getattr(_state, "compile_hooks", None)
 
 
 def _plain_containers(x: Any) -> Any:
@@ -213,7 +234,7 @@ def inline_after_partition(
     """Inline the innermost default hooks into the partitioned graphs when they are
     GraphModules; the hooks (None: not inlineable, nothing done). See Note [Inlined
     saved-tensors hooks]."""
-    hooks = inlineable_hooks()
+    hooks = compile_hooks()
     if hooks is not None:
         with torch.no_grad():
             inline_saved_tensors_hooks(
