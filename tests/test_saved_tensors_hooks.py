@@ -511,3 +511,60 @@ def test_disk_cache_refuses_graph_hooks() -> None:
         entry_key("program", args, cfg)  # Python hooks run at call time: cacheable
     with hooks_ctx(*to_gm(pack_bf16, unpack_bf16)), pytest.raises(Uncacheable):
         entry_key("program", args, cfg)
+
+
+def test_export_never_calls_the_callers_hooks() -> None:
+    from aotkit import aot_export_module
+
+    calls: list[type] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        calls.append(type(t))
+        return t
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    x = torch.randn(2, 4)
+
+    def loss_model() -> Any:
+        class Loss(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.m = model
+
+            def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+                return (self.m(x).sum(),)
+
+        return Loss()
+
+    plain, _ = aot_export_module(loss_model(), [x], trace_joint=True, output_loss_index=0)
+    with hooks_ctx(pack, lambda t: t):
+        hooked, _ = aot_export_module(loss_model(), [x], trace_joint=True, output_loss_index=0)
+    assert not calls
+    assert hooked.code == plain.code
+
+
+def test_checkpoint_inside_under_python_hooks_as_eager() -> None:
+    """The caller's hooks are hidden while compiling, not ignored wholesale: the traced
+    non-reentrant checkpoint still recomputes, and the caller's hooks still run at call
+    time on the real saved tensors."""
+    import torch.utils.checkpoint as cp
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        h = cp.checkpoint(lambda y: (y @ w).sin().cos(), x, use_reentrant=False)
+        return (h * x.sum()).sum()
+
+    results = []
+    for fn in (f, aot_function(f, nop)):
+        calls: list[type] = []
+
+        def pack(t: torch.Tensor, calls: list[type] = calls) -> torch.Tensor:
+            calls.append(type(t))
+            return t
+
+        x, w = (a.detach().clone().requires_grad_() for a in _inputs())
+        with hooks_ctx(pack, lambda t: t):
+            fn(x, w).backward()
+        assert calls and all(t is torch.Tensor for t in calls)
+        results.append((x.grad, w.grad))
+    for a, e in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(a, e)

@@ -458,7 +458,8 @@ class _Inliner:
         backward's original first placeholder, the same node while it exists; when that
         was a saved tensor already replaced (no saved SymInts), torch's order check fails,
         and this keeps the calling convention."""
-        for node in self.bw.find_nodes(op="placeholder"):
+        placeholders: list[torch.fx.Node] = list(self.bw.find_nodes(op="placeholder"))
+        for node in placeholders:
             if node not in self.sym_placeholders:
                 return node
         raise AssertionError("the backward graph has no placeholder left")
