@@ -568,3 +568,36 @@ def test_checkpoint_inside_under_python_hooks_as_eager() -> None:
         results.append((x.grad, w.grad))
     for a, e in zip(results[1], results[0], strict=True):
         torch.testing.assert_close(a, e)
+
+
+def test_torch_compile_recompiles_when_graph_hooks_change() -> None:
+    """dynamo guards on the innermost GraphModule hooks; aotkit_eager's graphs follow."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    bf16 = to_gm(pack_bf16, unpack_bf16)
+    mul2 = to_gm(pack_mul2, unpack_mul2)
+    python_hooks = (lambda t: t * 4, lambda t: t / 4)
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aotkit_eager")
+    compiled = torch.compile(mlp, backend=counter, fullgraph=True, dynamic=False)
+    with _mode("all"):
+        # Python hooks reuse the hook-free graph (they run at call time); bf16 again
+        # reuses its own
+        for hooks, frames in ((None, 1), (bf16, 2), (mul2, 3), (python_hooks, 3), (bf16, 3)):
+            args = [a.detach().clone().requires_grad_() for a in _inputs()]
+            ctx = hooks_ctx(*hooks) if hooks is not None else contextlib.nullcontext()
+            with ctx:
+                out = compiled(*args)
+                out.sum().backward()
+            if hooks is None:
+                e_args = [a.detach().clone().requires_grad_() for a in _inputs()]
+                ref = mlp(*e_args)
+                ref.sum().backward()
+                e_outs, e_grads = [ref.detach()], [a.grad for a in e_args]
+            else:
+                e_outs, e_grads = _eager(mlp, hooks)
+            for a, e in zip([out.detach(), *(a.grad for a in args)], [*e_outs, *e_grads],
+                            strict=True):
+                torch.testing.assert_close(a, e, atol=1e-2, rtol=1e-2)
+            assert counter.frame_count == frames, hooks
+    torch._dynamo.reset()
