@@ -26,7 +26,6 @@ from aotkit import (
 from aotkit_capture import Uncacheable
 from aotkit_capture._disk_cache_key import entry_key
 from torch._functorch.aot_autograd import aot_function as torch_aot_function
-from torch._functorch.aot_autograd import aot_module_simplified as torch_aot_module_simplified
 from torch.testing._internal.two_tensor import TwoTensor
 
 hooks_ctx = torch.autograd.graph.saved_tensors_hooks
@@ -474,9 +473,8 @@ def test_torch_compile_donated_idxs_after_inlining(caplog: pytest.LogCaptureFixt
 
 
 def test_torch_compile_no_static_skips_parameters_as_torch() -> None:
-    from torch._dynamo.backends.common import aot_autograd as torch_aot_autograd
-
     from aotkit import aot_autograd
+    from torch._dynamo.backends.common import aot_autograd as torch_aot_autograd
 
     hooks = to_gm(pack_bf16, unpack_bf16)
     torch.manual_seed(0)
