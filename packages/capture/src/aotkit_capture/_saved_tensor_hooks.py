@@ -231,9 +231,9 @@ def inline_after_partition(
     meta: ViewAndMutationMeta,
     decompositions: DecompositionTable,
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule] | None:
-    """Inline the innermost default hooks into the partitioned graphs when they are
-    GraphModules; the hooks (None: not inlineable, nothing done). See Note [Inlined
-    saved-tensors hooks]."""
+    """Inline the hooks of ``compile_hooks()`` (the innermost default hooks when the
+    compilation started, if GraphModules) into the partitioned graphs; the hooks (None:
+    nothing done). See Note [Inlined saved-tensors hooks]."""
     hooks = compile_hooks()
     if hooks is not None:
         with torch.no_grad():
@@ -247,8 +247,9 @@ def with_hooks_runtime(
     call: Callable[[list[Any]], Sequence[Any]],
     hooks: tuple[torch.fx.GraphModule, torch.fx.GraphModule] | None,
 ) -> Callable[[list[Any]], Sequence[Any]]:
-    """``call`` as it runs for graphs compiled under ``hooks`` (unchanged for None). See
-    Note [Inlined saved-tensors hooks at run time] in aotkit_runtime."""
+    """The runner of a training compilation made under ``hooks`` (unchanged for None):
+    the whole call, epilogue included, runs with the hooks disabled, as torch's runtime
+    wrapper. See Note [Inlined saved-tensors hooks at run time] in aotkit_runtime."""
     if hooks is None:
         return call
     return with_inlined_saved_tensors_hooks(call, *hooks)
