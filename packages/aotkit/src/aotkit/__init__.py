@@ -14,6 +14,7 @@ from aotkit_backends import nop as nop
 from aotkit_backends import print_compiler as print_compiler
 from aotkit_frontends import AOTCompileError as AOTCompileError
 from aotkit_frontends import AOTExportError as AOTExportError
+from aotkit_frontends import SavedTensorHookContext as SavedTensorHookContext
 from aotkit_frontends import aot_autograd as aot_autograd
 from aotkit_frontends import aot_export_joint_simple as aot_export_joint_simple
 from aotkit_frontends import aot_export_module as aot_export_module
@@ -25,6 +26,7 @@ from aotkit_frontends import compiled_module as compiled_module
 from aotkit_frontends import get_aot_compilation_context as get_aot_compilation_context
 from aotkit_frontends import get_aot_graph_name as get_aot_graph_name
 from aotkit_frontends import get_graph_being_compiled as get_graph_being_compiled
+from aotkit_frontends import get_saved_tensor_hook_context as get_saved_tensor_hook_context
 from aotkit_frontends import mem_efficient_fusion_kwargs as mem_efficient_fusion_kwargs
 from aotkit_frontends import register_dynamo_backends as register_dynamo_backends
 from aotkit_partitioners import available_partitioners as available_partitioners
@@ -66,6 +68,7 @@ __all__ = [
     "MutationType",
     "OutputAliasInfo",
     "OutputType",
+    "SavedTensorHookContext",
     "ViewAndMutationMeta",
     "aot_autograd",
     "aot_export_joint_simple",
@@ -83,6 +86,7 @@ __all__ = [
     "get_aot_graph_name",
     "get_graph_being_compiled",
     "get_partitioner",
+    "get_saved_tensor_hook_context",
     "inductor_compiler",
     "inspect",
     "make_boxed_compiler",

@@ -47,6 +47,10 @@ from ._input_kinds import UnsupportedInputError as UnsupportedInputError
 from ._input_kinds import check_input_kinds as check_input_kinds
 from ._node_meta import call_preserving_node_meta as call_preserving_node_meta
 from ._paths import record_compilations as record_compilations
+from ._saved_tensor_hooks import SavedTensorHookContext as SavedTensorHookContext
+from ._saved_tensor_hooks import (
+    get_saved_tensor_hook_context as get_saved_tensor_hook_context,
+)
 from ._shape_guards import ShapeGuard as ShapeGuard
 from ._single_pass import NotSinglePass as NotSinglePass
 from ._single_pass import trace_single_pass as trace_single_pass
@@ -98,4 +102,6 @@ __all__ = [
     "trace_joint",
     "trace_single_pass",
     "track_graph_compiling",
+    "SavedTensorHookContext",
+    "get_saved_tensor_hook_context",
 ]

@@ -15,7 +15,10 @@
 #   * whether __torch_function__ is enabled (torch._C.DisableTorchFunction);
 #   * aotkit's functionalized-RNG switch (it changes which random ops the graph holds);
 #   * with grad mode on, functorch's ``backward_pass_autocast`` setting (the autocast
-#     state the backward is traced under: See Note [Autocast in the backward trace]).
+#     state the backward is traced under: See Note [Autocast in the backward trace]);
+#   * the innermost saved-tensors hooks when they are GraphModules, by identity, with
+#     functorch's ``saved_tensors_hooks_filtering_mode``: the graphs inline them (See Note
+#     [Inlined saved-tensors hooks]). Other hooks run at call time and are not part of it.
 # This is the part of dynamo's GlobalStateGuard that changes an ATen trace. The rest of
 # that guard (TF32 / reduced-precision-reduction flags, matmul precision, thread count)
 # only changes kernels a backend picks at run time, not the traced graph. cudnn/mkldnn
@@ -36,6 +39,7 @@ import torch
 from aotkit_schemas import functionalize_rng_enabled
 
 from ._autocast import backward_autocast_key
+from ._saved_tensor_hooks import saved_tensors_hooks_key
 
 _C: Any = torch._C
 _AUTOCAST_DEVICES = tuple(
@@ -64,6 +68,7 @@ AMBIENT_FIELDS = (
     "__torch_function__",
     "functionalized RNG",
     "backward_pass_autocast",
+    "inlined saved tensors hooks",
 )
 
 
@@ -79,4 +84,5 @@ def ambient_key() -> tuple[Any, ...]:
         _C._is_torch_function_enabled(),
         functionalize_rng_enabled(),
         backward_autocast_key(),
+        saved_tensors_hooks_key(),
     )

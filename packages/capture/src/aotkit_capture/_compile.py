@@ -51,6 +51,12 @@ from ._hops import retry_with_shape_env
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
+from ._saved_tensor_hooks import (
+    compile_hooks,
+    hooks_hidden_while_tracing,
+    inline_after_partition,
+    with_hooks_runtime,
+)
 from ._shape_guards import ShapeGuard
 from ._single_pass import trace_single_pass
 from ._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
@@ -241,7 +247,10 @@ def compile_traced(
     """
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     compile_in = functools.partial(_compile_flat, flat_fn, flat_args, cfg)
-    return retry_with_shape_env(compile_in, fake_mode, shape_env)  # for while_loop
+    with hooks_hidden_while_tracing():  # See Note [Inlined saved-tensors hooks]
+        runner, artifacts = retry_with_shape_env(compile_in, fake_mode, shape_env)  # while_loop
+        hooks = compile_hooks() if artifacts.meta.is_train else None
+    return with_hooks_runtime(runner, hooks), artifacts
 
 
 def _compile_flat(
@@ -477,6 +486,7 @@ def _compile_training(
     lazy = reads_graph_only(cfg.fw_compiler) and reads_graph_only(cfg.bw_compiler)
     with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy), without_autocast_compiling():
         fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
+        inline_after_partition(fw_module, bw_module, n_fwd, meta, cfg.decompositions)
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
     meta = artifacts.meta = with_donated_buffers(meta, partition, n_fwd)  # Note [Donated buffers]
     log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn), cfg.aot_id)

@@ -47,6 +47,7 @@ from aotkit_schemas import AOTConfig, compiler_cache_key
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ._ambient import ambient_key
+from ._saved_tensor_hooks import saved_tensors_hooks_key
 
 CACHE_FORMAT = 2  # 2: artifact keys (See Note [Compiled-artifact keys])
 _PLAIN = (int, float, bool, str, bytes, type(None), complex)
@@ -398,6 +399,8 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
     and the current ambient state. Raises Uncacheable. See Note [On-disk cache keys]."""
     if cfg.is_export or cfg.pre_dispatch:
         raise Uncacheable("exports are not cached")
+    if saved_tensors_hooks_key() is not None:  # See Note [Inlined saved-tensors hooks]
+        raise Uncacheable("compilations that inline GraphModule saved tensors hooks are not cached")
     symbolic = symbolic_kind(flat_args, cfg)
     parts = [
         ("format", CACHE_FORMAT),

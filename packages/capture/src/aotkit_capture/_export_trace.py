@@ -29,6 +29,7 @@ from ._effects import token_inputs
 from ._errors import explain_tracing_errors
 from ._export_pre_dispatch import trace_pre_dispatch
 from ._fakify import construct_fake_mode
+from ._saved_tensor_hooks import hooks_hidden_while_tracing
 from ._subclass import needs_subclass_layer
 from ._trace import FlatFn, trace_inference, trace_joint
 
@@ -106,7 +107,8 @@ def trace_for_export(
     assert layout.is_trivial, "distinct inputs are never deduplicated"
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     symbolic = shape_env is not None
-    with explain_tracing_errors(), _tracing_context(fake_mode, symbolic):
+    # See Note [Inlined saved-tensors hooks]: the caller's hooks never see fake tensors
+    with explain_tracing_errors(), _tracing_context(fake_mode, symbolic), hooks_hidden_while_tracing():
         meta, fake, traced_fn, fw_outs = _metadata(
             flat_fn, flat_args, layout, cfg, fake_mode, shape_env
         )

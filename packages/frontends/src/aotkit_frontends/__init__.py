@@ -7,9 +7,11 @@ The user-facing entry points and their argument handling; the tracing core they 
 from aotkit_capture import AOTCompileError as AOTCompileError
 from aotkit_capture import AOTExportError as AOTExportError
 from aotkit_capture import CompiledArtifacts as CompiledArtifacts
+from aotkit_capture import SavedTensorHookContext as SavedTensorHookContext
 from aotkit_capture import get_aot_compilation_context as get_aot_compilation_context
 from aotkit_capture import get_aot_graph_name as get_aot_graph_name
 from aotkit_capture import get_graph_being_compiled as get_graph_being_compiled
+from aotkit_capture import get_saved_tensor_hook_context as get_saved_tensor_hook_context
 
 from ._aot_function import AOTModule as AOTModule
 from ._aot_function import CompiledCache as CompiledCache
@@ -38,6 +40,7 @@ __all__ = [
     "AotAutograd",
     "CompiledArtifacts",
     "CompiledCache",
+    "SavedTensorHookContext",
     "TensorAttributeAssignedError",
     "UnsupportedOutputError",
     "aot_autograd",
@@ -55,6 +58,7 @@ __all__ = [
     "get_aot_compilation_context",
     "get_aot_graph_name",
     "get_graph_being_compiled",
+    "get_saved_tensor_hook_context",
     "mem_efficient_fusion_kwargs",
     "register_dynamo_backends",
 ]

@@ -83,7 +83,47 @@ def extract_graph(
     for node in body:
         env[node] = graph.node_copy(node, env.__getitem__)
     graph.output(tuple(env[v] if isinstance(v, torch.fx.Node) else v for v in outputs))
+    if not late and not any("recompute" in n.meta for n in info.nodes):
+        _reserve_names_like_torch(graph, info, inputs, set(body))
     return graph
+
+
+# Note [Names of the extracted graphs]
+# torch's partitioners copy every joint node computable from a graph's inputs and then
+# drop the dead ones; the dropped nodes' names stay taken in the graph's namespace, so a
+# node added to the graph later (inlined saved-tensors hooks, See Note [Inlined
+# saved-tensors hooks] in aotkit_capture; a compiler's pass) gets a suffix past them. aotkit
+# copies only what the outputs need: the namespace is rebuilt as torch's would be
+# (placeholders, then the nodes torch would have copied, in joint order), so later nodes
+# get torch's names too. Not done where torch rebuilds the backward in autograd's order
+# (min-cut, recompute tags), which leaves only the live names.
+
+
+def _reserve_names_like_torch(
+    graph: torch.fx.Graph,
+    info: JointInfo,
+    inputs: Sequence[torch.fx.Node],
+    copied: Collection[torch.fx.Node],
+) -> None:
+    valid = set(inputs)
+    names = [n.name for n in inputs]
+    for node in info.nodes:
+        if node in valid or node.op in ("placeholder", "output"):
+            continue
+        mutable = isinstance(node.target, torch._ops.OpOverload) and node.target._schema.is_mutable
+        if node in copied or (
+            not mutable and all(a in valid for a in node.all_input_nodes)
+        ):
+            valid.add(node)
+            names.append(node.name)
+    namespace = torch.fx.graph._Namespace()
+    for name in names:
+        namespace.create_name(name, None)
+    namespace.create_name("output", None)
+    old = graph._graph_namespace
+    if all(n.name in namespace._used_names for n in graph.nodes):
+        namespace._obj_to_name = dict(old._obj_to_name)
+        graph._graph_namespace = namespace
 
 
 def symbol_bindings(

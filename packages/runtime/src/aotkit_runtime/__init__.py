@@ -8,6 +8,10 @@ from ._effects import backward_with_tokens as backward_with_tokens
 from ._effects import forward_with_tokens as forward_with_tokens
 from ._epilogue import make_epilogue as make_epilogue
 from ._epilogue import needs_epilogue as needs_epilogue
+from ._saved_tensors_hooks import stale_hooks_message as stale_hooks_message
+from ._saved_tensors_hooks import (
+    with_inlined_saved_tensors_hooks as with_inlined_saved_tensors_hooks,
+)
 from ._subclass import SubclassZeros as SubclassZeros
 from ._subclass import check_rebuildable as check_rebuildable
 from ._subclass import create_subclass_metas as create_subclass_metas
@@ -42,8 +46,10 @@ __all__ = [
     "make_wrapper",
     "needs_epilogue",
     "rebuild",
+    "stale_hooks_message",
     "subclass_backward",
     "subclass_forward",
     "tangent_layouts",
     "unwrap_subclasses",
+    "with_inlined_saved_tensors_hooks",
 ]
