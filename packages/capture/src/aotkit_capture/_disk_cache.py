@@ -83,8 +83,10 @@ from ._disk_cache_symbolic import SymbolicForm, eval_tree
 from ._disk_cache_values import (
     LazyValueMeta,
     StaticTensor,
+    add_node,
     build_recipe,
     parse_device,
+    set_meta,
     static_recipe,
 )
 
@@ -436,7 +438,7 @@ def _set_value(
     if recipe is NotImplemented:
         node.meta["val"] = _val_from_json(d, fake_mode, symbols)
     else:
-        node.meta = LazyValueMeta(functools.partial(build_recipe, recipe, fake_mode))
+        set_meta(node, LazyValueMeta(functools.partial(build_recipe, recipe, fake_mode)))
 
 
 def graph_from_json(
@@ -469,7 +471,7 @@ def graph_from_json(
             target = "output"
         else:
             raise CacheFormatError(f"node op {op!r} is not cached")
-        node = graph.create_node(op, target, args, kwargs, name=name)
+        node = add_node(graph, op, target, args, kwargs, name)
         if node.name != name:
             raise CacheFormatError(f"node name {name!r} is not a valid identifier")
         if op == "placeholder":

@@ -27,10 +27,12 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.fx
 from aotkit_schemas import CacheFormatError, dtype_from_name
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -61,27 +63,24 @@ class StaticTensor:
         if not isinstance(spec, dict):
             raise CacheFormatError("bad node value")
         shape, stride = spec.get("shape"), spec.get("stride")
-        if not isinstance(shape, list) or not isinstance(stride, list) or len(shape) != len(stride):
+        if type(shape) is not list or type(stride) is not list or len(shape) != len(stride):
             raise CacheFormatError("bad tensor sizes")
-        extent = 1
-        for size, step in zip(shape, stride, strict=True):
-            if type(size) is not int or type(step) is not int:
-                if isinstance(size, str) or isinstance(step, str):
-                    raise CacheFormatError("symbolic sizes in a cached graph")
-                raise CacheFormatError("a size must be an int")
-            if size < 0 or step < 0:
-                raise CacheFormatError("a negative size or stride")
-            if size == 0:
-                extent = 0
-            elif extent:
-                extent += (size - 1) * step
-            if extent >= _MAX_STORAGE:
-                raise CacheFormatError("a tensor larger than any storage")
+        dims = shape + stride
+        if not all(type(x) is int for x in dims):
+            if any(isinstance(x, str) for x in dims):
+                raise CacheFormatError("symbolic sizes in a cached graph")
+            raise CacheFormatError("a size must be an int")
+        if dims and min(dims) < 0:
+            raise CacheFormatError("a negative size or stride")
+        # the storage the sizes and strides span: 1 + sum((size - 1) * stride)
+        if 0 not in shape and sum(map(operator.mul, shape, stride)) - sum(stride) >= _MAX_STORAGE:
+            raise CacheFormatError("a tensor larger than any storage")
         dtype = spec.get("dtype")
         if not isinstance(dtype, str):
             raise CacheFormatError("a dtype must be a string")
         self.dtype = dtype_from_name(dtype)
-        self.device = parse_device(spec.get("device"))
+        device = spec.get("device")
+        self.device = _DEVICES.get(device) or parse_device(device)  # type: ignore[arg-type]
         self.requires_grad = requires_grad is True
         if self.requires_grad and not (self.dtype.is_floating_point or self.dtype.is_complex):
             raise CacheFormatError(f"a {dtype} value that requires grad")
@@ -121,6 +120,30 @@ def build_recipe(recipe: Any, fake_mode: FakeTensorMode) -> Any:
     if isinstance(recipe, list):
         return [build_recipe(r, fake_mode) for r in recipe]
     return None
+
+
+def add_node(
+    graph: torch.fx.Graph, op: str, target: Any, args: tuple[Any, ...],
+    kwargs: dict[str, Any], name: str,
+) -> torch.fx.Node:
+    """``graph.create_node(op, target, args, kwargs, name=name)``, without its walk over
+    the arguments looking for raw SymInts to warn about (most of its cost; arguments read
+    from JSON never hold one): the node is created without arguments, then given them
+    through the ``args``/``kwargs`` setters, which do the same use-def bookkeeping."""
+    node = graph.create_node(op, target, name=name)
+    if args or kwargs:
+        # the setters, without Node.__setattr__'s re-keying of the graph's find_nodes
+        # table (keyed by op and target, which do not change here)
+        object.__setattr__(node, "args", args)
+        if kwargs:
+            object.__setattr__(node, "kwargs", kwargs)
+    return node
+
+
+def set_meta(node: torch.fx.Node, meta: dict[str, Any]) -> None:
+    """``node.meta = meta`` (without Node.__setattr__'s re-keying of the find_nodes
+    table: meta is not part of its key)."""
+    object.__setattr__(node, "meta", meta)
 
 
 class LazyValueMeta(dict[str, Any]):
