@@ -438,7 +438,7 @@ def _set_value(
     if recipe is NotImplemented:
         node.meta["val"] = _val_from_json(d, fake_mode, symbols)
     else:
-        set_meta(node, LazyValueMeta(functools.partial(build_recipe, recipe, fake_mode)))
+        set_meta(node, LazyValueMeta(functools.partial(build_recipe, recipe, fake_mode), recipe))
 
 
 def graph_from_json(

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_schemas import CacheFormatError, dtype_from_name
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 _DEVICES: dict[str, torch.device] = {}
 _MAX_STORAGE = 2**62
@@ -90,14 +90,20 @@ class StaticTensor:
         # straight from a meta tensor: no dispatch through the fake mode (the first fake
         # dispatch of a process costs tens of milliseconds)
         meta = torch.empty_strided(self.shape, self.stride, dtype=self.dtype, device="meta")
-        t = fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, self.device)
+        # what the converter's from_meta_and_device makes, without memoizing the meta
+        # tensor (fresh, and dropped here)
+        t = FakeTensor(fake_mode, meta, self.device)
         if self.requires_grad:
             t.requires_grad_(True)
         return t
 
 
+# the recipe of a value that was a Python scalar (int, float, bool): rebuilt as None
+PY_SCALAR = object()
+
+
 def static_recipe(d: Any) -> Any:
-    """A checked recipe (StaticTensor, nested lists of them, or None for a Python scalar)
+    """A checked recipe (StaticTensor, nested lists of them, PY_SCALAR or None)
     for a stored node value with static sizes; ``NotImplemented`` for one with symbolic
     sizes (built eagerly by the caller). Raises CacheFormatError for a bad value."""
     if not isinstance(d, dict) or len(d) not in (1, 2):
@@ -108,7 +114,8 @@ def static_recipe(d: Any) -> Any:
         items = [static_recipe(v) for v in d["l"]]
         return NotImplemented if any(i is NotImplemented for i in items) else items
     if "s" in d:
-        return None  # a Python scalar: its value is not part of the graph's metadata
+        # a Python scalar: its value is not part of the graph's metadata (rebuilt as None)
+        return None if d["s"] is None else PY_SCALAR
     if "ST" in d or "si" in d:
         return NotImplemented
     raise CacheFormatError("bad node value")
@@ -150,11 +157,14 @@ class LazyValueMeta(dict[str, Any]):
     """A node's ``meta`` whose ``"val"`` is built at the first access of any kind. See
     Note [Lazy node values of restored graphs]."""
 
-    __slots__ = ("_build",)
+    __slots__ = ("_build", "recipe")
 
-    def __init__(self, build: Callable[[], Any]) -> None:
+    def __init__(self, build: Callable[[], Any], recipe: Any = None) -> None:
         super().__init__()
         self._build: Callable[[], Any] | None = build
+        # what the value will be (a StaticTensor, a list of recipes, None): read without
+        # building it
+        self.recipe = recipe
 
     @property
     def is_built(self) -> bool:
