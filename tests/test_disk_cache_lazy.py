@@ -236,3 +236,38 @@ def test_warm_hit_whose_values_are_read_later(
     torch.testing.assert_close(
         dup(x, w)[0], fw(x, w)[0], rtol=0, atol=0
     )
+
+
+def test_static_value_specs_of_deferred_values_and_in_place_adds() -> None:
+    from aotkit_backends._buffer_reuse import in_place_adds
+    from aotkit_schemas import static_value_spec, tensor_static_spec
+
+    for gm in _training_graphs():
+        back = graph_from_json(json.loads(json.dumps(graph_to_json(gm))), FakeTensorMode())
+        # nop's in-place additions come out the same without building the values
+        found = {n.name for n in in_place_adds(list(back.graph.nodes))}
+        assert found == {n.name for n in in_place_adds(list(gm.graph.nodes))}
+        nodes = [n for n in back.graph.nodes if n.op != "output"]
+        specs = [static_value_spec(n) for n in nodes]
+        assert not any(
+            n.meta.is_built for n in nodes if isinstance(n.meta, LazyValueMeta)
+        )
+        assert any(s is not None for s in specs)
+        assert specs == [tensor_static_spec(n.meta["val"]) for n in nodes]
+        assert specs == [static_value_spec(n) for n in nodes]  # built: read off the value
+
+
+@pytest.mark.parametrize(
+    "shape,stride",
+    [((), ()), ((0, 3), (1, 5)), ((1,), (7,)), ((4,), (2,)), ((4,), (1,)), ((2, 3), (3, 1)),
+     ((2, 3), (1, 2)), ((2, 3), (4, 1)), ((2, 1, 3), (3, 9, 1)), ((2, 2), (1, 1)),
+     ((2, 3, 4, 5), (60, 1, 15, 3)), ((3, 3), (0, 1)), ((1, 1), (0, 0))],
+)
+def test_dense_and_non_overlapping_is_torchs(
+    shape: tuple[int, ...], stride: tuple[int, ...]
+) -> None:
+    from aotkit_schemas import dense_and_non_overlapping
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+    t = torch.empty_strided(shape, stride, device="meta")
+    assert dense_and_non_overlapping(shape, stride) == is_non_overlapping_and_dense_or_false(t)

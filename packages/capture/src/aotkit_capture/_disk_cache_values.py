@@ -21,6 +21,8 @@
 #   * Placeholders' values, and values with symbolic sizes (they depend on the symbols
 #     bound at restore and may add guards: See Note [Dynamic shapes in the on-disk
 #     cache]), are built eagerly.
+#   * ``static_value_spec()`` answers a value's static layout from the recipe without
+#     building it (See Note [Static value specs] in aotkit_schemas).
 #   * A copy (``copy.copy``, ``copy.deepcopy``, ``dict(meta)``, pickling, FX's
 #     ``node_copy``) builds the value first and is a plain dict.
 """
@@ -33,7 +35,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import CacheFormatError, dtype_from_name
+from aotkit_schemas import CacheFormatError, StaticSpec, dtype_from_name, tensor_static_spec
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 _DEVICES: dict[str, torch.device] = {}
@@ -169,6 +171,16 @@ class LazyValueMeta(dict[str, Any]):
     @property
     def is_built(self) -> bool:
         return self._build is None
+
+    def static_value_spec(self) -> StaticSpec | None:
+        """The value's static layout, from the recipe while the value is not built. See
+        Note [Static value specs] in aotkit_schemas."""
+        recipe = self.recipe
+        if self._build is None:
+            return tensor_static_spec(self.get("val"))
+        if not isinstance(recipe, StaticTensor):
+            return None  # a list, a Python scalar or None: not a tensor
+        return tuple(recipe.shape), tuple(recipe.stride), recipe.dtype, recipe.device
 
     def force(self) -> None:
         build = self._build
