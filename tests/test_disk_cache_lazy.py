@@ -271,3 +271,38 @@ def test_dense_and_non_overlapping_is_torchs(
 
     t = torch.empty_strided(shape, stride, device="meta")
     assert dense_and_non_overlapping(shape, stride) == is_non_overlapping_and_dense_or_false(t)
+
+
+def test_a_deferred_value_is_the_same_wherever_it_is_first_read() -> None:
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            raise AssertionError(f"a deferred value dispatched {func} through the reader's mode")
+
+    class FunctionSpy(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            raise AssertionError(f"a deferred value called {func} through the reader's mode")
+
+    _, bw = _training_graphs()
+    data = json.loads(json.dumps(graph_to_json(bw)))
+    expected = [
+        _spec(n.meta.get("val")) for n in graph_from_json(data, FakeTensorMode()).graph.nodes
+    ]
+    contexts = [
+        FunctionalTensorMode, Spy, FunctionSpy, FakeTensorMode, torch.inference_mode, torch.no_grad
+    ]
+    for context in contexts:
+        mode = FakeTensorMode()
+        back = graph_from_json(data, mode)
+        with context():
+            for n in back.graph.nodes:
+                n.meta.get("val")  # built here, read below
+        got = [_spec(n.meta.get("val")) for n in back.graph.nodes]
+        assert got == expected, context
+        for n in back.graph.nodes:
+            v = n.meta.get("val")
+            if isinstance(v, torch.Tensor):
+                assert type(v) is FakeTensor and v.fake_mode is mode and not v.is_inference()

@@ -18,6 +18,9 @@
 #     parses, ``requires_grad`` only on floating or complex dtypes, a storage that fits in
 #     64 bits) is checked while the entry is read, so a bad value still rejects the entry
 #     and compiles again (never a failure later, in the compiler).
+#   * Built the same wherever first read: outside the reader's dispatch and torch-function
+#     modes (a compiler pass's functionalization or fake mode, a user's mode) and outside
+#     inference mode, in the entry's fake mode.
 #   * Placeholders' values, and values with symbolic sizes (they depend on the symbols
 #     bound at restore and may add guards: See Note [Dynamic shapes in the on-disk
 #     cache]), are built eagerly.
@@ -37,6 +40,7 @@ import torch
 import torch.fx
 from aotkit_schemas import CacheFormatError, StaticSpec, dtype_from_name, tensor_static_spec
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._python_dispatch import _disable_current_modes
 
 _DEVICES: dict[str, torch.device] = {}
 _MAX_STORAGE = 2**62
@@ -124,10 +128,26 @@ def static_recipe(d: Any) -> Any:
 
 
 def build_recipe(recipe: Any, fake_mode: FakeTensorMode) -> Any:
+    """The value ``recipe`` describes, the same wherever it is first read: outside any
+    dispatch or torch-function mode the reader runs under (a functionalization, proxy or
+    fake mode of a compiler's pass, a user's mode) and outside inference mode."""
+    if (
+        torch._C._len_torch_dispatch_stack()
+        or torch._C._is_torch_function_mode_enabled()
+        or torch.is_inference_mode_enabled()
+    ):
+        with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.inference_mode(
+            False
+        ):
+            return _build(recipe, fake_mode)
+    return _build(recipe, fake_mode)
+
+
+def _build(recipe: Any, fake_mode: FakeTensorMode) -> Any:
     if isinstance(recipe, StaticTensor):
         return recipe.build(fake_mode)
     if isinstance(recipe, list):
-        return [build_recipe(r, fake_mode) for r in recipe]
+        return [_build(r, fake_mode) for r in recipe]
     return None
 
 
