@@ -28,7 +28,8 @@
 #     ``os.replace``: readers and a second writer of the same key see the old file or the
 #     new one, never a half-written one; two writers leave one valid entry.
 #   * A warm hit skips fakification, the metadata pass, the joint trace and the
-#     partitioner: it rebuilds the graphs with fake values, hands them to the compilers
+#     partitioner: it rebuilds the graphs with fake values (checked now, built when first
+#     read: See Note [Lazy node values of restored graphs]), hands them to the compilers
 #     (``_compile.training_call``/``inference_call``, the same code a fresh compilation
 #     runs) and wraps the epilogue. The compiler's own artifact is not stored by aotkit:
 #     nop recompiles from the graph (cheap); ``aotkit_inductor``'s compilers call
