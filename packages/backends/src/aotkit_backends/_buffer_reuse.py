@@ -36,8 +36,20 @@ _ADD = torch.ops.aten.add.Tensor
 _SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def _returns_alias(op: torch._ops.OpOverload) -> bool:
-    return any(r.alias_info is not None for r in op._schema.returns)
+# per overload: (its schema is mutable, one of its returns aliases an input); reading a
+# schema builds Python objects for all its arguments, and a graph calls few distinct ops
+_SCHEMA_FACTS: dict[torch._ops.OpOverload, tuple[bool, bool]] = {}
+
+
+def _schema_facts(op: torch._ops.OpOverload) -> tuple[bool, bool]:
+    facts = _SCHEMA_FACTS.get(op)
+    if facts is None:
+        schema = op._schema
+        facts = _SCHEMA_FACTS[op] = (
+            schema.is_mutable,
+            any(r.alias_info is not None for r in schema.returns),
+        )
+    return facts
 
 
 
@@ -54,9 +66,10 @@ def in_place_adds(nodes: Sequence[torch.fx.Node]) -> set[torch.fx.Node]:
             continue
         target = node.target
         if isinstance(target, torch._ops.OpOverload):
-            if target._schema.is_mutable:
+            mutable, returns_alias = _schema_facts(target)
+            if mutable:
                 return set()
-            if not _returns_alias(target):
+            if not returns_alias:
                 fresh.add(node)
             elif node.args and isinstance(node.args[0], torch.fx.Node):
                 root[node] = root[node.args[0]]
