@@ -14,8 +14,8 @@
 #     the addition, so in particular none of it is a graph output, and ``b`` is not a view
 #     of it;
 #   * the result has ``a``'s shape, strides, dtype and device (no broadcasting into ``a``,
-#     no type promotion), read off the nodes' ``val`` metadata with static sizes, and
-#     ``a`` is dense and non-overlapping.
+#     no type promotion), read off the nodes' ``val`` metadata with static sizes (See Note
+#     [Static value specs] in aotkit_schemas), and ``a`` is dense and non-overlapping.
 # The same kernel writes the same values (bitwise); only the allocation is saved. Graphs
 # with a mutable op, or with a call whose aliasing is unknown (a higher-order op, a
 # torch-level call, ``operator.iadd`` on tensors), are left alone. The generated function
@@ -30,24 +30,28 @@ from collections.abc import Sequence
 
 import torch
 import torch.fx
-from torch._prims_common import is_non_overlapping_and_dense_or_false
+from aotkit_schemas import dense_and_non_overlapping, static_value_spec
 
 _ADD = torch.ops.aten.add.Tensor
 _SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-def _returns_alias(op: torch._ops.OpOverload) -> bool:
-    return any(r.alias_info is not None for r in op._schema.returns)
+# per overload: (its schema is mutable, one of its returns aliases an input); reading a
+# schema builds Python objects for all its arguments, and a graph calls few distinct ops
+_SCHEMA_FACTS: dict[torch._ops.OpOverload, tuple[bool, bool]] = {}
 
 
-def _static_meta(node: torch.fx.Node) -> tuple[object, ...] | None:
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
-        return None
-    shape, stride = tuple(val.shape), tuple(val.stride())
-    if not all(isinstance(s, int) for s in (*shape, *stride)):
-        return None
-    return shape, stride, val.dtype, val.device
+def _schema_facts(op: torch._ops.OpOverload) -> tuple[bool, bool]:
+    facts = _SCHEMA_FACTS.get(op)
+    if facts is None:
+        schema = op._schema
+        facts = _SCHEMA_FACTS[op] = (
+            schema.is_mutable,
+            any(r.alias_info is not None for r in schema.returns),
+        )
+    return facts
+
+
 
 
 def in_place_adds(nodes: Sequence[torch.fx.Node]) -> set[torch.fx.Node]:
@@ -62,9 +66,10 @@ def in_place_adds(nodes: Sequence[torch.fx.Node]) -> set[torch.fx.Node]:
             continue
         target = node.target
         if isinstance(target, torch._ops.OpOverload):
-            if target._schema.is_mutable:
+            mutable, returns_alias = _schema_facts(target)
+            if mutable:
                 return set()
-            if not _returns_alias(target):
+            if not returns_alias:
                 fresh.add(node)
             elif node.args and isinstance(node.args[0], torch.fx.Node):
                 root[node] = root[node.args[0]]
@@ -97,11 +102,11 @@ def in_place_adds(nodes: Sequence[torch.fx.Node]) -> set[torch.fx.Node]:
             continue
         if isinstance(b, torch.fx.Node) and root[b] is root[a]:
             continue
-        meta = _static_meta(a)
-        if meta is None or meta != _static_meta(node):
+        # See Note [Static value specs] in aotkit_schemas: no deferred value is built
+        spec = static_value_spec(a)
+        if spec is None or spec != static_value_spec(node):
             continue
-        val = a.meta["val"]
-        if not is_non_overlapping_and_dense_or_false(val):
+        if not dense_and_non_overlapping(spec[0], spec[1]):
             continue
         found.add(node)
     return found

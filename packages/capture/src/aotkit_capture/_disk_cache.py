@@ -28,7 +28,8 @@
 #     ``os.replace``: readers and a second writer of the same key see the old file or the
 #     new one, never a half-written one; two writers leave one valid entry.
 #   * A warm hit skips fakification, the metadata pass, the joint trace and the
-#     partitioner: it rebuilds the graphs with fake values, hands them to the compilers
+#     partitioner: it rebuilds the graphs with fake values (checked now, built when first
+#     read: See Note [Lazy node values of restored graphs]), hands them to the compilers
 #     (``_compile.training_call``/``inference_call``, the same code a fresh compilation
 #     runs) and wraps the epilogue. The compiler's own artifact is not stored by aotkit:
 #     nop recompiles from the graph (cheap); ``aotkit_inductor``'s compilers record the
@@ -57,6 +58,7 @@
 from __future__ import annotations
 
 import collections
+import functools
 import hashlib
 import json
 import logging
@@ -83,6 +85,15 @@ from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_modu
 
 from ._disk_cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
 from ._disk_cache_symbolic import SymbolicForm, eval_tree
+from ._disk_cache_values import (
+    LazyValueMeta,
+    StaticTensor,
+    add_node,
+    build_recipe,
+    parse_device,
+    set_meta,
+    static_recipe,
+)
 
 log = logging.getLogger(__name__)
 
@@ -261,9 +272,17 @@ def _target_to_json(target: Any) -> str:
     return f"py:{name}"
 
 
+# operators already looked up by this process (``torch.ops`` attribute lookups build op
+# packets and overloads; a graph names the same few operators many times)
+_OP_TARGETS: dict[str, Any] = {}
+
+
 def _target_from_json(name: Any) -> Any:
     if not isinstance(name, str):
         raise CacheFormatError("a node target must be a string")
+    known = _OP_TARGETS.get(name)
+    if known is not None:
+        return known
     if name.startswith("py:") and name[3:] in _PY_TARGETS:
         return _PY_TARGETS[name[3:]]
     if name.startswith("op:") and "::" in name:
@@ -275,6 +294,7 @@ def _target_from_json(name: Any) -> Any:
         except (AttributeError, RuntimeError) as e:
             raise CacheFormatError(f"unknown operator {name!r}") from e
         if isinstance(target, torch._ops.OpOverload):
+            _OP_TARGETS[name] = target
             return target
     raise CacheFormatError(f"unknown node target {name!r}")
 
@@ -299,13 +319,19 @@ def _arg_to_json(a: Any) -> Any:
     raise Uncacheable(f"graph argument {type(a).__name__} has no cache form")
 
 
+_PLAIN_ARGS = frozenset({bool, int, str})
+
+
 def _arg_from_json(a: Any, env: dict[str, torch.fx.Node]) -> Any:
-    if a is None or isinstance(a, (bool, int, str)):
+    if a is None or type(a) in _PLAIN_ARGS:
         return a
-    if isinstance(a, dict) and len(a) == 1:
+    if type(a) is dict and len(a) == 1:
         (tag, v), = a.items()
-        if tag == "n" and isinstance(v, str) and v in env:
-            return env[v]
+        if tag == "n":
+            node = env.get(v) if type(v) is str else None
+            if node is not None:
+                return node
+            raise CacheFormatError(f"bad graph argument {a!r}")
         if tag == "f" and isinstance(v, str):
             try:
                 return float.fromhex(v)
@@ -317,7 +343,7 @@ def _arg_from_json(a: Any, env: dict[str, torch.fx.Node]) -> Any:
         if tag == "dtype" and isinstance(v, str):
             return dtype_from_name(v)
         if tag == "device" and isinstance(v, str):
-            return torch.device(v)
+            return parse_device(v)
         if tag == "layout" and v in _LAYOUTS:
             return _LAYOUTS[v]
         if tag == "mf" and v in _FORMATS:
@@ -351,19 +377,7 @@ def _val_from_json(d: Any, fake_mode: FakeTensorMode, env: dict[str, Any] | None
     if not isinstance(d, dict) or len(d) not in (1, 2):
         raise CacheFormatError("bad node value")
     if "T" in d:
-        spec = TensorSpec.from_json(d["T"])
-        if not spec.is_static:
-            raise CacheFormatError("symbolic sizes in a cached graph")
-        # straight from a meta tensor: no dispatch through the fake mode (the first fake
-        # dispatch of a process costs tens of milliseconds)
-        meta = torch.empty_strided(
-            [int(s) for s in spec.shape], [int(s) for s in spec.stride],
-            dtype=spec.dtype, device="meta",
-        )
-        t = fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, spec.device)
-        if d.get("rg") is True:
-            t.requires_grad_(True)
-        return t
+        return StaticTensor(d["T"], d.get("rg")).build(fake_mode)
     if "ST" in d and env is not None:
         return _symbolic_tensor(d, fake_mode, env)
     if "si" in d and env is not None:
@@ -421,6 +435,18 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
     return {"nodes": nodes}
 
 
+def _set_value(
+    node: torch.fx.Node, d: Any, fake_mode: FakeTensorMode, symbols: dict[str, Any] | None
+) -> None:
+    """A static value is checked now and built at first read (See Note [Lazy node values
+    of restored graphs]); a symbolic one is built now."""
+    recipe = static_recipe(d)
+    if recipe is NotImplemented:
+        node.meta["val"] = _val_from_json(d, fake_mode, symbols)
+    else:
+        set_meta(node, LazyValueMeta(functools.partial(build_recipe, recipe, fake_mode), recipe))
+
+
 def graph_from_json(
     d: Any, fake_mode: FakeTensorMode, symbols: dict[str, Any] | None = None
 ) -> torch.fx.GraphModule:
@@ -451,11 +477,13 @@ def graph_from_json(
             target = "output"
         else:
             raise CacheFormatError(f"node op {op!r} is not cached")
-        node = graph.create_node(op, target, args, kwargs, name=name)
+        node = add_node(graph, op, target, args, kwargs, name)
         if node.name != name:
             raise CacheFormatError(f"node name {name!r} is not a valid identifier")
-        if op != "output":
+        if op == "placeholder":
             node.meta["val"] = _val_from_json(entry.get("val"), fake_mode, symbols)
+        elif op != "output":
+            _set_value(node, entry.get("val"), fake_mode, symbols)
         env[name] = node
     try:
         graph.lint()

@@ -15,6 +15,8 @@ from aotkit_schemas import (
     PartitionResult,
     TensorSpec,
     ViewAndMutationMeta,
+    graph_outputs,
+    is_sym_node,
     meta_from_json,
     meta_to_json,
 )
@@ -26,6 +28,7 @@ from ._disk_cache_artifacts import FIELD as ARTIFACT_KEYS
 from ._disk_cache_artifacts import artifact_keys_json, compiled_graphs
 from ._disk_cache_key import Uncacheable, entry_key
 from ._disk_cache_symbolic import SymbolicForm
+from ._disk_cache_values import PY_SCALAR, LazyValueMeta
 
 if TYPE_CHECKING:
     from ._compile import CompiledArtifacts
@@ -196,7 +199,7 @@ def read_entry(
     if meta.is_train:
         fw = graph_from_json(payload.get("fw"), fake_mode, env)
         bw = graph_from_json(payload.get("bw"), fake_mode, env)
-        partition = PartitionResult.from_modules(fw, bw, meta.num_forward_returns)
+        partition = _partition(fw, bw, meta.num_forward_returns)
     else:
         inference = graph_from_json(payload.get("inference"), fake_mode, env)
     return CachedEntry(
@@ -210,4 +213,36 @@ def read_entry(
         backward_mutated_inputs=tuple(bw_mutated),
         partition=partition,
         inference=inference,
+    )
+
+
+def _partition(
+    fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_outputs: int
+) -> PartitionResult:
+    """``PartitionResult.from_modules``, telling saved tensors from saved scalars by the
+    recipes of restored values instead of building them (See Note [Lazy node values of
+    restored graphs])."""
+    saved = graph_outputs(fw)[num_fwd_outputs:]
+    tensors: list[str] = []
+    symints: list[str] = []
+    for value in saved:
+        if not isinstance(value, torch.fx.Node):
+            raise CacheFormatError(f"saved value {value!r} is not a graph node")
+        if isinstance(value.meta, LazyValueMeta) and not value.meta.is_built:
+            # the cold trace's is_sym_node(value) (its value was an int, float or bool)
+            scalar = value.meta.recipe is PY_SCALAR
+        else:
+            scalar = is_sym_node(value)
+        if scalar:
+            symints.append(value.name)
+        elif symints:
+            raise CacheFormatError("a saved tensor follows a saved scalar")
+        else:
+            tensors.append(value.name)
+    return PartitionResult(
+        fw_module=fw,
+        bw_module=bw,
+        num_fwd_outputs=num_fwd_outputs,
+        saved_tensor_names=tuple(tensors),
+        saved_symint_names=tuple(symints),
     )

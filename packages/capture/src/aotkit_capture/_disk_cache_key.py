@@ -81,11 +81,14 @@ def ambient_state_key() -> tuple[Any, ...]:
 
 
 @functools.cache
+@functools.cache
 def aotkit_source_hash() -> str:
     """A hash of every aotkit package's Python sources: each file's path, size and
     modification time (a development checkout changes without a version bump; reading
     every file would cost a warm start tens of milliseconds). ``os.scandir``, not
-    pathlib: this runs on every warm start, and pathlib's globbing cost milliseconds."""
+    pathlib: this runs on every warm start, and pathlib's globbing cost milliseconds.
+    Computed once per process (every key and every entry read or written needs it): it
+    describes the sources the process started with, which are the ones it runs."""
     h = hashlib.sha256()
     for name in _AOTKIT_PACKAGES:
         spec = importlib.util.find_spec(name)

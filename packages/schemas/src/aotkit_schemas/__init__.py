@@ -32,6 +32,10 @@ from ._logging import get_logger as get_logger
 from ._logging import log_artifact as log_artifact
 from ._logging import parse_log_spec as parse_log_spec
 from ._logging import set_logs as set_logs
+from ._node_values import StaticSpec as StaticSpec
+from ._node_values import dense_and_non_overlapping as dense_and_non_overlapping
+from ._node_values import static_value_spec as static_value_spec
+from ._node_values import tensor_static_spec as tensor_static_spec
 from ._protocols import RUNTIME_MUTATED_INPUT_KEY as RUNTIME_MUTATED_INPUT_KEY
 from ._protocols import CompiledGraph as CompiledGraph
 from ._protocols import Compiler as Compiler
@@ -116,6 +120,10 @@ __all__ = [
     "get_logger",
     "graph_outputs",
     "has_subclass",
+    "StaticSpec",
+    "dense_and_non_overlapping",
+    "static_value_spec",
+    "tensor_static_spec",
     "is_boxed",
     "is_sym_node",
     "log_artifact",

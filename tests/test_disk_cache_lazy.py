@@ -1,0 +1,308 @@
+"""Warm hits of the on-disk cache build node values lazily. See Note [Lazy node values of
+restored graphs] in aotkit_capture."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from aotkit_capture._disk_cache import graph_from_json, graph_to_json
+from aotkit_capture._disk_cache_values import LazyValueMeta
+from aotkit_schemas import CacheFormatError
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+
+def _spec(t: Any) -> Any:
+    if isinstance(t, torch.Tensor):
+        return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad)
+    if isinstance(t, (list, tuple)):
+        return [_spec(x) for x in t]
+    return t
+
+
+def test_lazy_meta_builds_once_on_any_access() -> None:
+    calls: list[int] = []
+
+    def build() -> int:
+        calls.append(1)
+        return 7
+
+    reads = [
+        lambda m: m["val"], lambda m: m.get("val"), lambda m: "val" in m, lambda m: list(m),
+        lambda m: len(m), lambda m: list(m.items()), lambda m: dict(m), lambda m: {**m},
+        lambda m: m.copy(), lambda m: copy.copy(m), lambda m: copy.deepcopy(m),
+        lambda m: m == {"val": 7}, lambda m: repr(m), lambda m: m | {},
+        lambda m: pickle.loads(pickle.dumps(m)),
+    ]
+    for read in reads:
+        calls.clear()
+        m = LazyValueMeta(build)
+        assert not m.is_built
+        read(m)
+        assert m.is_built and calls == [1], read
+        assert m["val"] == 7 and dict(m) == {"val": 7} and calls == [1]
+    for copied in (copy.copy(m), copy.deepcopy(m), m.copy(), pickle.loads(pickle.dumps(m))):
+        assert type(copied) is dict and copied == {"val": 7}
+    m = LazyValueMeta(build)
+    m["other"] = 1  # a write builds the value first: it is never lost
+    assert m == {"val": 7, "other": 1}
+    m = LazyValueMeta(build)
+    m["val"] = 3  # ... and a written value wins
+    assert m["val"] == 3
+    calls.clear()
+    m = LazyValueMeta(build)
+    m.clear()
+    assert m == {} and not calls
+
+
+def _training_graphs() -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
+    import aotkit
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(x @ w)
+        return (y.sin() + y.cos() * 2).split(2, dim=1)[0]
+
+    g = aotkit.aot_function(f, aotkit.nop)
+    g(torch.randn(3, 4), torch.randn(4, 5, requires_grad=True))
+    art = g._aotkit_cache.artifacts[0]
+    return art.fw_module, art.bw_module
+
+
+def test_restored_values_equal_an_eager_rebuild() -> None:
+    for gm in _training_graphs():
+        data = json.loads(json.dumps(graph_to_json(gm)))
+        mode = FakeTensorMode()
+        back = graph_from_json(data, mode)
+        nodes = [n for n in back.graph.nodes if n.op != "output"]
+        lazy = [n for n in nodes if isinstance(n.meta, LazyValueMeta)]
+        # placeholders are built at once, every other value is deferred
+        assert lazy == [n for n in nodes if n.op != "placeholder"] and lazy
+        assert not any(n.meta.is_built for n in lazy)
+        originals = {n.name: n.meta.get("val") for n in gm.graph.nodes}
+        for n in nodes:
+            val = n.meta["val"]
+            assert _spec(val) == _spec(originals[n.name]), n.name
+            for t in val if isinstance(val, list) else [val]:
+                if isinstance(t, torch.Tensor):
+                    assert isinstance(t, FakeTensor) and t.fake_mode is mode
+        assert all(n.meta.is_built for n in lazy)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        ('"shape":[', '"shape":[-1,'),  # a negative size
+        ('"stride":[', '"stride":[-1,'),  # a negative stride
+        ('"shape":[', '"shape":[1.5,'),  # not an int
+        ('"dtype":"float32"', '"dtype":"float99"'),  # an unknown dtype
+        ('"device":"cpu"', '"device":"nowhere:x"'),  # a device torch does not parse
+        ('"shape":[', '"shape":[4611686018427387904,'),  # no storage that large
+    ],
+)
+def test_a_bad_deferred_value_rejects_the_graph_at_once(damage: tuple[str, str]) -> None:
+    _, bw = _training_graphs()
+    text = json.dumps(graph_to_json(bw), separators=(",", ":"))
+    # damage only the last node with a value (never a placeholder: a deferred one)
+    head, sep, tail = text.rpartition('"val":')
+    assert damage[0] in tail
+    bad = json.loads(head + sep + tail.replace(damage[0], damage[1], 1))
+    with pytest.raises(CacheFormatError):
+        graph_from_json(bad, FakeTensorMode())
+
+
+def test_requires_grad_on_an_integer_value_is_rejected_at_once() -> None:
+    _, bw = _training_graphs()
+    data = graph_to_json(bw)
+    node = next(n for n in reversed(data["nodes"]) if "T" in n.get("val", {}))
+    node["val"] = {"T": {**node["val"]["T"], "dtype": "int64"}, "rg": True}
+    with pytest.raises(CacheFormatError):
+        graph_from_json(json.loads(json.dumps(data)), FakeTensorMode())
+
+
+class _Graphs:
+    """What a compiler was handed: the graphs and whether each node's value was built."""
+
+    def __init__(self, read_values: bool) -> None:
+        self.read_values = read_values
+        self.seen: list[torch.fx.GraphModule] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        import aotkit
+
+        self.seen.append(gm)
+        if self.read_values:
+            for n in gm.graph.nodes:
+                n.meta.get("val")
+        return aotkit.nop(gm, example_inputs)
+
+
+def _program(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    y = torch.tanh(x @ w)
+    return (y * y.sigmoid()).sum(1)
+
+
+def _cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiler: _Graphs
+) -> tuple[Any, dict[str, int]]:
+    import aotkit
+    from aotkit_capture import cache_counters
+    from aotkit_schemas import disk_cache_config, mark_cache_key
+
+    monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
+    monkeypatch.setattr(disk_cache_config, "enabled", True)
+    mark_cache_key(compiler, "test.lazy_values/1")
+    cache_counters.clear()
+    g = aotkit.aot_function(_program, compiler)
+    return g, cache_counters
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+
+
+def test_warm_hit_whose_backward_never_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    x, w = _inputs()
+    cold_compiler = _Graphs(read_values=False)
+    g, counters = _cached(tmp_path, monkeypatch, cold_compiler)
+    expected = g(x, w)
+    assert counters["store"] == 1
+    warm_compiler = _Graphs(read_values=False)
+    g, counters = _cached(tmp_path, monkeypatch, warm_compiler)
+    out = g(x, w)
+    assert counters == {"hit": 1}
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    assert out.requires_grad and out.grad_fn is not None
+    (fw,) = warm_compiler.seen  # the backward is compiled at the first backward only
+    art = g._aotkit_cache.artifacts[0]
+    deferred = [n for n in art.bw_module.graph.nodes if isinstance(n.meta, LazyValueMeta)]
+    assert deferred and not any(n.meta.is_built for n in deferred)
+    # the values nop does not read are still not built after the forward ran
+    fw_deferred = [n for n in fw.graph.nodes if isinstance(n.meta, LazyValueMeta)]
+    assert fw_deferred and not all(n.meta.is_built for n in fw_deferred)
+    # ... and a later backward compiles and runs the restored graph
+    eager_w = w.detach().clone().requires_grad_(True)
+    _program(x, eager_w).sum().backward()
+    out.sum().backward()
+    assert len(warm_compiler.seen) == 2
+    torch.testing.assert_close(w.grad, eager_w.grad, rtol=0, atol=0)
+
+
+def test_warm_hit_whose_values_are_read_later(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    x, w = _inputs()
+    cold_compiler = _Graphs(read_values=True)
+    g, counters = _cached(tmp_path, monkeypatch, cold_compiler)
+    expected = g(x, w)
+    expected.sum().backward()
+    expected_grad = w.grad
+    w.grad = None
+    assert counters["store"] == 1
+    warm_compiler = _Graphs(read_values=True)  # a compiler that reads every value
+    g, counters = _cached(tmp_path, monkeypatch, warm_compiler)
+    out = g(x, w)
+    out.sum().backward()
+    assert counters == {"hit": 1}
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(w.grad, expected_grad, rtol=0, atol=0)
+    assert len(warm_compiler.seen) == len(cold_compiler.seen) == 2
+    for cold, warm in zip(cold_compiler.seen, warm_compiler.seen, strict=True):
+        # the deferred values (placeholders are built at restore, as before)
+        cold_vals = {n.name: _spec(n.meta.get("val")) for n in cold.graph.nodes
+                     if n.op != "placeholder"}
+        warm_vals = {n.name: _spec(n.meta.get("val")) for n in warm.graph.nodes
+                     if n.op != "placeholder"}
+        assert warm_vals == cold_vals
+        modes = {
+            n.meta["val"].fake_mode
+            for n in warm.graph.nodes
+            if isinstance(n.meta.get("val"), FakeTensor)
+        }
+        assert len(modes) == 1  # the entry's one fake mode, as a trace has
+    # a recompile of the restored graph (here: FX's code generation and a deep copy, as
+    # Inductor's passes do) sees the same values
+    fw = warm_compiler.seen[0]
+    fw.recompile()
+    dup = copy.deepcopy(fw)
+    assert [_spec(n.meta.get("val")) for n in dup.graph.nodes] == [
+        _spec(n.meta.get("val")) for n in fw.graph.nodes
+    ]
+    torch.testing.assert_close(
+        dup(x, w)[0], fw(x, w)[0], rtol=0, atol=0
+    )
+
+
+def test_static_value_specs_of_deferred_values_and_in_place_adds() -> None:
+    from aotkit_backends._buffer_reuse import in_place_adds
+    from aotkit_schemas import static_value_spec, tensor_static_spec
+
+    for gm in _training_graphs():
+        back = graph_from_json(json.loads(json.dumps(graph_to_json(gm))), FakeTensorMode())
+        # nop's in-place additions come out the same without building the values
+        found = {n.name for n in in_place_adds(list(back.graph.nodes))}
+        assert found == {n.name for n in in_place_adds(list(gm.graph.nodes))}
+        nodes = [n for n in back.graph.nodes if n.op != "output"]
+        specs = [static_value_spec(n) for n in nodes]
+        assert not any(
+            n.meta.is_built for n in nodes if isinstance(n.meta, LazyValueMeta)
+        )
+        assert any(s is not None for s in specs)
+        assert specs == [tensor_static_spec(n.meta["val"]) for n in nodes]
+        assert specs == [static_value_spec(n) for n in nodes]  # built: read off the value
+
+
+@pytest.mark.parametrize(
+    "shape,stride",
+    [((), ()), ((0, 3), (1, 5)), ((1,), (7,)), ((4,), (2,)), ((4,), (1,)), ((2, 3), (3, 1)),
+     ((2, 3), (1, 2)), ((2, 3), (4, 1)), ((2, 1, 3), (3, 9, 1)), ((2, 2), (1, 1)),
+     ((2, 3, 4, 5), (60, 1, 15, 3)), ((3, 3), (0, 1)), ((1, 1), (0, 0))],
+)
+def test_dense_and_non_overlapping_is_torchs(
+    shape: tuple[int, ...], stride: tuple[int, ...]
+) -> None:
+    from aotkit_schemas import dense_and_non_overlapping
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+    t = torch.empty_strided(shape, stride, device="meta")
+    assert dense_and_non_overlapping(shape, stride) == is_non_overlapping_and_dense_or_false(t)
+
+
+def test_a_deferred_value_is_the_same_wherever_it_is_first_read() -> None:
+    from torch._subclasses.functional_tensor import FunctionalTensorMode
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            raise AssertionError(f"a deferred value dispatched {func} through the reader's mode")
+
+    class FunctionSpy(TorchFunctionMode):
+        def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            raise AssertionError(f"a deferred value called {func} through the reader's mode")
+
+    _, bw = _training_graphs()
+    data = json.loads(json.dumps(graph_to_json(bw)))
+    expected = [
+        _spec(n.meta.get("val")) for n in graph_from_json(data, FakeTensorMode()).graph.nodes
+    ]
+    contexts = [
+        FunctionalTensorMode, Spy, FunctionSpy, FakeTensorMode, torch.inference_mode, torch.no_grad
+    ]
+    for context in contexts:
+        mode = FakeTensorMode()
+        back = graph_from_json(data, mode)
+        with context():
+            for n in back.graph.nodes:
+                n.meta.get("val")  # built here, read below
+        got = [_spec(n.meta.get("val")) for n in back.graph.nodes]
+        assert got == expected, context
+        for n in back.graph.nodes:
+            v = n.meta.get("val")
+            if isinstance(v, torch.Tensor):
+                assert type(v) is FakeTensor and v.fake_mode is mode and not v.is_inference()
