@@ -253,7 +253,9 @@ def test_metadata_json_round_trip() -> None:
     g(torch.randn(3, requires_grad=True), torch.zeros(3))
     meta = g._aotkit_cache.artifacts[0].meta
     data = json.loads(json.dumps(meta_to_json(meta)))
+    data_version = data["version"]
     back = meta_from_json(data)
+    assert back.bw_donated_idxs == meta.bw_donated_idxs
     assert back.input_info == meta.input_info
     assert back.output_info == meta.output_info
     assert back.tangent_indices == meta.tangent_indices
@@ -263,7 +265,7 @@ def test_metadata_json_round_trip() -> None:
     data["version"] = 999
     with pytest.raises(CacheFormatError):
         meta_from_json(data)
-    data["version"] = 1
+    data["version"] = data_version
     data["output_info"][0]["output_type"] = "os.system"
     with pytest.raises(CacheFormatError):
         meta_from_json(data)
@@ -396,3 +398,36 @@ def test_off_by_default_and_opt_in_by_cache_key(
     cache_counters.clear()
     aotkit.aot_function(f, user_compiler)(x).backward()
     assert "hit" not in cache_counters and cache_counters["trace"] == 1
+
+
+def test_a_warm_hit_logs_torchs_metadata_line_with_the_stored_donated_buffers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A warm process logs what a cold one does (Note [torch's aot_graphs metadata line]):
+    # torch's suite reads ``bw_donated_idxs=[...]`` off this line, and aotkit_eager's
+    # entries are on by default, so a second run of a program must log it too.
+    import logging
+
+    import aotkit
+    from aotkit_capture import cache_counters
+    from aotkit_schemas import disk_cache_config
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sin().cos().sum()  # saves sin(x): an intermediate, so donated
+
+    logger = "torch._functorch._aot_autograd.graph_compile"
+    monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
+    monkeypatch.setattr(disk_cache_config, "enabled", True)
+    x = torch.randn(3, requires_grad=True)
+    lines = []
+    for expected in ("store", "hit"):
+        cache_counters.clear()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=logger):
+            aotkit.aot_function(f, aotkit.nop)(x).backward()
+        assert cache_counters.get(expected) == 1
+        lines.append([r.getMessage() for r in caplog.records if r.name.startswith(logger)])
+    cold, warm = lines
+    assert len(cold) == 1 and "bw_donated_idxs=[1]" in cold[0], cold
+    # the restored metadata holds TensorSpecs where the traced one held fake tensors
+    assert len(warm) == 1 and "bw_donated_idxs=[1]" in warm[0], warm

@@ -30,6 +30,7 @@ from ._disk_cache_entry import CacheSidecar, cache_key_or_none, entry_payload, r
 from ._disk_cache_key import symbolic_kind
 from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, restored_guard
 from ._fakify import construct_fake_mode
+from ._logs import log_restored_partition
 from ._paths import notify_compiled
 from ._trace import FlatFn
 
@@ -156,6 +157,9 @@ def _restore(
         if symbolic and own_mode:
             artifacts.guard = restored_guard(payload["shape"], layout)
         if entry.partition is not None:
+            # a restored compilation logs torch's metadata line as a traced one does
+            # (See Note [torch's aot_graphs metadata line])
+            log_restored_partition(entry.partition.fw_module, entry.partition.bw_module, meta, cfg.aot_id)
             artifacts.partition = entry.partition
             artifacts.fw_module = entry.partition.fw_module
             artifacts.bw_module = entry.partition.bw_module

@@ -72,6 +72,9 @@ _TORCH_GRAPHS_LOG = getArtifactLogger("torch._functorch._aot_autograd.graph_comp
 # torch's logger (``assertLogs``) see it from aotkit's compilations too; the ``graphs``
 # artifact of aotkit's own loggers gets it as well when asked for by ``AOTKIT_LOGS``.
 # aotkit's metadata has no separate inner (subclass-free) form: ``inner_meta`` repeats it.
+# A training compilation restored from the disk cache logs the line too, from the stored
+# metadata (``bw_donated_idxs`` is part of the entry), so a warm process logs what a cold
+# one does.
 _META_LINE = "aot_config id: %s, fw_metadata=%s, inner_meta=%s"
 
 
@@ -91,6 +94,21 @@ def _log_meta(meta: ViewAndMutationMeta) -> None:
         metadata_fn=lambda: {"name": "aot_forward_graph_fw_metadata", "encoding": "string"},
         payload_fn=lambda: repr(meta),
     )
+
+
+def log_restored_partition(
+    fw_module: torch.fx.GraphModule,
+    bw_module: torch.fx.GraphModule,
+    meta: ViewAndMutationMeta,
+    aot_id: int | None,
+) -> None:
+    """What a disk-cache hit logs in place of ``log_partition``: the metadata line (the
+    stored ``bw_donated_idxs`` included) and the restored graphs; there is no joint graph
+    to report on. See Note [torch's aot_graphs metadata line]."""
+    log_metadata(meta, aot_id)
+    if artifact_enabled("graphs"):
+        log_artifact("graphs", "%s", readable(fw_module, "Forward graph"))
+        log_artifact("graphs", "%s", readable(bw_module, "Backward graph"))
 
 
 def log_partition(

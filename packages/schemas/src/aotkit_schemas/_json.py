@@ -22,7 +22,7 @@ import torch
 from ._alias_info import InputAliasInfo, OutputAliasInfo, OutputType
 from ._view_and_mutation_meta import ViewAndMutationMeta
 
-JSON_SCHEMA_VERSION = 1
+JSON_SCHEMA_VERSION = 2
 _T = TypeVar("_T")
 _CACHE_KEY_ATTR = "_aotkit_cache_key"
 
@@ -190,6 +190,7 @@ def meta_to_json(meta: ViewAndMutationMeta) -> dict[str, Any]:
         "grad_enabled_mutation": meta.grad_enabled_mutation,
         "static_input_indices": list(meta.static_input_indices),
         "native_functionalization_ok": meta.native_functionalization_ok,
+        "bw_donated_idxs": None if meta.bw_donated_idxs is None else list(meta.bw_donated_idxs),
     }
 
 
@@ -202,6 +203,7 @@ def meta_from_json(d: Any) -> ViewAndMutationMeta:
     if obj.get("version") != JSON_SCHEMA_VERSION:
         raise CacheFormatError(f"metadata version {obj.get('version')!r}, expected {JSON_SCHEMA_VERSION}")
     gem = obj.get("grad_enabled_mutation")
+    donated = obj.get("bw_donated_idxs")
     return _construct(
         ViewAndMutationMeta,
         input_info=[input_info_from_json(x) for x in _list(obj.get("input_info"), "input_info")],
@@ -219,6 +221,9 @@ def meta_from_json(d: Any) -> ViewAndMutationMeta:
         native_functionalization_ok=_bool(
             obj.get("native_functionalization_ok"), "native_functionalization_ok"
         ),
+        bw_donated_idxs=None
+        if donated is None
+        else [_int(x, "index") for x in _list(donated, "bw_donated_idxs")],
     )
 
 
