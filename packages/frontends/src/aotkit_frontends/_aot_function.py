@@ -27,9 +27,11 @@ from aotkit_capture import (
 from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig, disk_cache_enabled
 
+from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
 from ._guards import describe_flat_input, input_key
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
+from ._reparametrize import distinct_slot_names, reparametrized
 
 log = logging.getLogger(__name__)
 _AOT_COUNTER = itertools.count()
@@ -244,6 +246,8 @@ class _StateSlots:
                 prefix, _, leaf = name.rpartition(".")
                 owner: dict[str, Any] = getattr(mod.get_submodule(prefix), attr)
                 self.slots.append((owner, leaf, name))
+        # See Note [A submodule reachable under two names]
+        self.distinct = distinct_slot_names(mod, [name for _, _, name in self.slots])
 
     def __aotkit_fingerprint__(self) -> Any:
         """The slots' names; the module itself is fingerprinted separately."""
@@ -290,13 +294,20 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     if "num_params_buffers" in kwargs:
         raise TypeError("aot_module computes num_params_buffers itself; do not pass it")
     state = _StateSlots(mod)
-    n_params = len(state.param_names)
     n_state = len(state.slots)
+    names = [name for _, _, name in state.slots]
 
     def functional_call(*flat: Any, **kw: Any) -> Any:
-        tensors = dict(zip(state.param_names, flat[:n_params], strict=True))
-        tensors.update(zip(state.buffer_names, flat[n_params:n_state], strict=True))
-        return torch.func.functional_call(mod, tensors, flat[n_state:], kw, tie_weights=False)
+        tensors = {names[i]: flat[i] for i in state.distinct}
+        # See Note [Parameters and buffers reassigned in forward]
+        # See Note [Tensors assigned to module attributes by aot_module]
+        with (
+            detect_attribute_assignment(
+                mod, AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, only_tracing=True
+            ),
+            reparametrized(mod, tensors, who="aot_module"),
+        ):
+            return mod(*flat[n_state:], **kw)
 
     kwargs["num_params_buffers"] = n_state
     compiled = aot_function(functional_call, *args, **kwargs)
