@@ -117,6 +117,9 @@ class CompiledCache:
         # what an error about captured tensors walks, and what it skips (aot_module's
         # module, whose tensors are inputs): See Note [Tensors captured by closure or global]
         self.user_fn: tuple[Callable[..., Any], tuple[Any, ...]] = (fn, ())
+        # aot_module: the train/eval flags of every submodule, part of the key (See Note
+        # [Training flags in aot_module's key])
+        self.module_modes: Callable[[], tuple[bool, ...]] | None = None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
@@ -133,7 +136,11 @@ class CompiledCache:
                 in_spec = self._flat_specs[len(args)] = pytree.tree_flatten((args, {}))[1]
         else:
             flat_args, in_spec = pytree.tree_flatten((args, kwargs))
-        key = (in_spec, input_key(flat_args, dynamic=self._dynamic, num_static=self._num_static))
+        key: tuple[Any, ...] = (
+            in_spec, input_key(flat_args, dynamic=self._dynamic, num_static=self._num_static)
+        )
+        if self.module_modes is not None:
+            key = (*key, self.module_modes())
         entry = self.last_entry
         if (
             key != self.last_key
@@ -267,6 +274,16 @@ class _StateSlots:
         return values
 
 
+# Note [Training flags in aot_module's key]
+# A forward reads ``self.training`` (dropout, batch norm's batch statistics and running
+# stat updates, user branches) while it is traced, so a graph traced in train mode is
+# wrong in eval mode and the reverse. torch's aot_module keeps running its first graph
+# after ``model.eval()``: dropout stays on and batch norm keeps updating its running
+# stats, silently. aotkit's key holds the ``training`` flag of every submodule (those
+# registered when aot_module was called), so ``eval()``/``train()`` on the module or any
+# submodule selects (or compiles) the graph traced in that mode.
+
+
 class AOTModule(nn.Module):
     """The module returned by ``aot_module``: calls the compiled functional form of
     ``orig_module`` with its current parameters and buffers (read on every call, so
@@ -311,7 +328,11 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
 
     kwargs["num_params_buffers"] = n_state
     compiled = aot_function(functional_call, *args, **kwargs)
-    compiled._aotkit_cache.user_fn = (mod.forward, (mod,))  # type: ignore[attr-defined]
+    cache = compiled._aotkit_cache  # type: ignore[attr-defined]
+    cache.user_fn = (mod.forward, (mod,))
+    # See Note [Training flags in aot_module's key]
+    submodules = list(mod.modules())
+    cache.module_modes = lambda: tuple([m.training for m in submodules])
     return AOTModule(mod, compiled, state)
 
 
