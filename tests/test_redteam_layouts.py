@@ -87,3 +87,37 @@ def test_overlaps_itself_is_exact() -> None:
     assert overlaps_itself(torch.zeros(1).expand(4))
     assert not overlaps_itself(torch.zeros(0, 3).expand(0, 3))
     assert not overlaps_itself(torch.zeros(5)[::2])
+
+
+def test_view_of_an_input_made_under_no_grad_matches_eager() -> None:
+    """Eager's view has requires_grad but no grad_fn: backward through it raises and the
+    input gets no gradient from it (torch's AOTAutograd flows one).
+
+    See Note [Views of inputs made under no_grad]."""
+
+    def fn(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.no_grad():
+            v = x.view(-1)
+        return v, x * 2
+
+    def intermediate(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        y = x * 2
+        with torch.no_grad():
+            v = y.view(-1)
+        return v, y
+
+    for program in (fn, intermediate):
+        x_e = torch.randn(2, 3, requires_grad=True)
+        x_c = x_e.detach().clone().requires_grad_()
+        v_e, _ = program(x_e)
+        v_c, w_c = aot_function(program, nop)(x_c)
+        for v in (v_e, v_c):
+            assert v.requires_grad and v.grad_fn is None and v._base is not None
+        for v in (v_e, v_c):
+            with pytest.raises(RuntimeError, match="does not require grad"):
+                torch.autograd.backward([v], [torch.ones_like(v)])
+        w_c.sum().backward()
+        torch.testing.assert_close(x_c.grad, torch.full((2, 3), 2.0))
+    x_t = torch.randn(2, 3, requires_grad=True)
+    v_t, _ = torch_aot.aot_function(fn, torch_nop)(x_t)
+    assert v_t.grad_fn is not None
