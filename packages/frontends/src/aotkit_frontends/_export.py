@@ -22,8 +22,8 @@ from torch._guards import detect_fake_mode
 
 from ._aot_function import make_config
 from ._attribute_guard import detect_attribute_assignment
-from ._reparametrize import distinct_slot_names, reparametrized, shared_slot_names
 from ._outputs import OutputLayout, flatten_function
+from ._reparametrize import distinct_slot_names, reparametrized, shared_slot_names
 from ._signature import build_graph_signature
 
 NO_LOSS_INDEX_MESSAGE = (

@@ -32,7 +32,6 @@
 from __future__ import annotations
 
 import contextlib
-
 from collections.abc import Callable, Sequence
 from typing import Any
 
