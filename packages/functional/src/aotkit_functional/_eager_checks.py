@@ -112,10 +112,10 @@ def overlaps_itself(t: torch.Tensor) -> bool:
         return False
     if has_internal_overlap(t):
         return True
-    try:
-        dims = sorted((int(st), int(sz)) for sz, st in zip(t.shape, t.stride(), strict=True) if sz != 1)
-    except (TypeError, RuntimeError):  # symbolic (unbacked) sizes or strides: undecidable
-        return False
+    sizes, strides = tuple(t.shape), t.stride()
+    if not all(type(v) is int for v in (*sizes, *strides)):
+        return False  # symbolic: undecidable without adding guards (int() would specialize)
+    dims = sorted((st, sz) for sz, st in zip(sizes, strides, strict=True) if sz != 1)
     reach = 0  # the largest offset the smaller-stride dimensions reach
     for st, sz in dims:
         if sz == 0:
