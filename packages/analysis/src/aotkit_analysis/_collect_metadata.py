@@ -21,12 +21,12 @@ from aotkit_functional import (
     from_functional,
     functionalized,
     has_data_mutation,
-    has_internal_overlap,
     has_metadata_mutation,
     has_storage_mutation,
     is_multi_output_view,
     mutations_hidden_from_autograd,
     mutations_under_no_grad_or_inference_mode,
+    overlaps_itself,
     python_mode_reason,
     recorded_view_chain,
     storage_ref,
@@ -130,12 +130,12 @@ def _check_no_overlapping_input_mutated(
     for i, (a, info) in enumerate(zip(flat_args, input_info, strict=True)):
         if not (isinstance(a, torch.Tensor) and info.mutates_data):
             continue
-        if is_traceable_wrapper_subclass(a) or not has_internal_overlap(a):
+        if is_traceable_wrapper_subclass(a) or not overlaps_itself(a):
             continue
         raise RuntimeError(
             f"aotkit: the function writes into input {i} (shape {tuple(a.shape)}, stride "
-            f"{a.stride()}), whose elements share memory (stride 0 in a dimension of size "
-            "> 1: an expanded tensor). In eager the write shows in every element that "
+            f"{a.stride()}), whose elements share memory (an expanded tensor, or a view "
+            "whose strides make elements overlap). In eager the write shows in every element that "
             "shares the location; a functional graph cannot express that, so aotkit does "
             "not compile it. Pass a tensor with memory of its own (x.contiguous() or "
             "x.clone()) instead. See Note [Writes into an input whose elements share "

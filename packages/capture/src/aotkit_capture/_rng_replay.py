@@ -21,6 +21,12 @@
 # from the user's stream. Random ops on other devices are not keyed (no device here to
 # prove it on); their recomputations draw afresh, as before. Only with functionalized RNG
 # on (Note [Functionalized RNG] in aotkit_schemas).
+#
+# Note [Checkpointed random ops with functionalized RNG off]
+# With the switch off, graphs hold no RNG state ops, so a checkpointed region's
+# recomputation would draw a new mask where eager replays the forward's: the gradients
+# would be silently wrong. The keys are still recorded; a repeated key (a replay eager
+# does) raises an error naming the switch, before anything runs.
 """
 
 from __future__ import annotations
@@ -41,6 +47,16 @@ from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_mod
 __all__ = ["keyed_rng", "replay_rng_inplace"]
 
 _KEY = "aotkit_rng_key"
+
+CHECKPOINT_RNG_OFF_MESSAGE = (
+    "aotkit: a region recomputed in the backward (torch.utils.checkpoint) draws random "
+    "numbers ({op}); eager replays the forward's draws there, which needs functionalized "
+    "RNG, and it is off. Without it the backward would use new random numbers and the "
+    "gradients would be wrong. Turn it on (aotkit.set_functionalize_rng(True), the "
+    "default, or `with aotkit.functionalize_rng(True):` around the first call), or move "
+    "the random op out of the checkpointed region. See Note [Checkpointed random ops with "
+    "functionalized RNG off] in aotkit_capture."
+)
 
 
 def _draws(func: Any) -> bool:
@@ -97,10 +113,9 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
 def keyed_rng(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a function traced by make_fx so its random ops carry replay keys.
 
-    A no-op when functionalized RNG is off. See Note [RNG replay keys].
+    Also with functionalized RNG off, so that a replay it would need is refused (See Note
+    [Checkpointed random ops with functionalized RNG off]). See Note [RNG replay keys].
     """
-    if not functionalize_rng_enabled():
-        return fn
 
     @functools.wraps(fn)
     def traced(*args: Any) -> Any:
@@ -143,6 +158,9 @@ def replay_rng_inplace(gm: torch.fx.GraphModule) -> int:
         key = node.meta.pop(_KEY, None)
         if key is not None:
             groups.setdefault(key, []).append(node)
+    if not functionalize_rng_enabled() and any(len(g) > 1 for g in groups.values()):
+        op = next(g for g in groups.values() if len(g) > 1)[0].target
+        raise RuntimeError(CHECKPOINT_RNG_OFF_MESSAGE.format(op=op))
     graph = gm.graph
     replays = 0
     for first, *rest in groups.values():

@@ -49,12 +49,12 @@ import torch.utils._pytree as pytree
 from aotkit_analysis import input_alias_info, tangent_like
 from aotkit_functional import (
     from_native_functional,
-    has_internal_overlap,
     has_metadata_mutation,
     input_was_changed,
     mutation_count,
     natively_functionalized,
     needs_python_functionalization,
+    overlaps_itself,
     python_mode_reason,
     storage_ref,
     to_native_functional,
@@ -171,7 +171,7 @@ class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
             out = kwargs["out"]
             targets.extend(out if isinstance(out, (tuple, list)) else (out,))
         for t in targets:
-            if isinstance(t, torch.Tensor) and has_internal_overlap(t):
+            if isinstance(t, torch.Tensor) and overlaps_itself(t):
                 raise NotSinglePass("an in-place write to overlapping memory")
         return func(*args, **kwargs)
 

@@ -27,9 +27,11 @@ from aotkit_capture import (
 from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig, disk_cache_enabled
 
+from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
 from ._guards import describe_flat_input, input_key
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
+from ._reparametrize import distinct_slot_names, reparametrized
 
 log = logging.getLogger(__name__)
 _AOT_COUNTER = itertools.count()
@@ -115,6 +117,9 @@ class CompiledCache:
         # what an error about captured tensors walks, and what it skips (aot_module's
         # module, whose tensors are inputs): See Note [Tensors captured by closure or global]
         self.user_fn: tuple[Callable[..., Any], tuple[Any, ...]] = (fn, ())
+        # aot_module: the train/eval flags of every submodule, part of the key (See Note
+        # [Training flags in aot_module's key])
+        self.module_modes: Callable[[], tuple[bool, ...]] | None = None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
@@ -131,7 +136,11 @@ class CompiledCache:
                 in_spec = self._flat_specs[len(args)] = pytree.tree_flatten((args, {}))[1]
         else:
             flat_args, in_spec = pytree.tree_flatten((args, kwargs))
-        key = (in_spec, input_key(flat_args, dynamic=self._dynamic, num_static=self._num_static))
+        key: tuple[Any, ...] = (
+            in_spec, input_key(flat_args, dynamic=self._dynamic, num_static=self._num_static)
+        )
+        if self.module_modes is not None:
+            key = (*key, self.module_modes())
         entry = self.last_entry
         if (
             key != self.last_key
@@ -244,6 +253,8 @@ class _StateSlots:
                 prefix, _, leaf = name.rpartition(".")
                 owner: dict[str, Any] = getattr(mod.get_submodule(prefix), attr)
                 self.slots.append((owner, leaf, name))
+        # See Note [A submodule reachable under two names]
+        self.distinct = distinct_slot_names(mod, [name for _, _, name in self.slots])
 
     def __aotkit_fingerprint__(self) -> Any:
         """The slots' names; the module itself is fingerprinted separately."""
@@ -261,6 +272,16 @@ class _StateSlots:
                 )
             values.append(value)
         return values
+
+
+# Note [Training flags in aot_module's key]
+# A forward reads ``self.training`` (dropout, batch norm's batch statistics and running
+# stat updates, user branches) while it is traced, so a graph traced in train mode is
+# wrong in eval mode and the reverse. torch's aot_module keeps running its first graph
+# after ``model.eval()``: dropout stays on and batch norm keeps updating its running
+# stats, silently. aotkit's key holds the ``training`` flag of every submodule (those
+# registered when aot_module was called), so ``eval()``/``train()`` on the module or any
+# submodule selects (or compiles) the graph traced in that mode.
 
 
 class AOTModule(nn.Module):
@@ -290,17 +311,28 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     if "num_params_buffers" in kwargs:
         raise TypeError("aot_module computes num_params_buffers itself; do not pass it")
     state = _StateSlots(mod)
-    n_params = len(state.param_names)
     n_state = len(state.slots)
+    names = [name for _, _, name in state.slots]
 
     def functional_call(*flat: Any, **kw: Any) -> Any:
-        tensors = dict(zip(state.param_names, flat[:n_params], strict=True))
-        tensors.update(zip(state.buffer_names, flat[n_params:n_state], strict=True))
-        return torch.func.functional_call(mod, tensors, flat[n_state:], kw, tie_weights=False)
+        tensors = {names[i]: flat[i] for i in state.distinct}
+        # See Note [Parameters and buffers reassigned in forward]
+        # See Note [Tensors assigned to module attributes by aot_module]
+        with (
+            detect_attribute_assignment(
+                mod, AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, only_tracing=True
+            ),
+            reparametrized(mod, tensors, who="aot_module"),
+        ):
+            return mod(*flat[n_state:], **kw)
 
     kwargs["num_params_buffers"] = n_state
     compiled = aot_function(functional_call, *args, **kwargs)
-    compiled._aotkit_cache.user_fn = (mod.forward, (mod,))  # type: ignore[attr-defined]
+    cache = compiled._aotkit_cache  # type: ignore[attr-defined]
+    cache.user_fn = (mod.forward, (mod,))
+    # See Note [Training flags in aot_module's key]
+    submodules = list(mod.modules())
+    cache.module_modes = lambda: tuple([m.training for m in submodules])
     return AOTModule(mod, compiled, state)
 
 

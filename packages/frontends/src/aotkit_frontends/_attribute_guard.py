@@ -6,6 +6,15 @@ module is left holding a tensor that cannot be used afterwards. Export therefore
 every plain attribute of every submodule, restores the snapshot afterwards, and reports
 each tensor that was assigned (state that must change belongs in a registered buffer,
 whose mutations export does capture).
+
+# Note [Tensors assigned to module attributes by aot_module]
+# aot_module traces the forward once; a tensor it assigns to a plain attribute
+# (``self.last = y.detach()``, ``self.history.append(y)``) is a tracing tensor (a
+# FunctionalTensor over a fake) that stays in the user's module, and later calls never
+# update it. Eager updates it on every call. aot_module therefore traces under the same
+# guard as export: the attributes are restored and the assignment is reported with the
+# fixes (a buffer updated in place is captured as an input mutation; dynamo replays
+# attribute assignments).
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+from torch._subclasses.fake_tensor import FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor
 
 # nn.Module's own bookkeeping: hooks, parameter/buffer/submodule tables, training flag.
 _MODULE_INTERNALS = frozenset({
@@ -27,12 +38,25 @@ _MODULE_INTERNALS = frozenset({
     "_state_dict_pre_hooks", "training", "_initialize_hook", "_load_hook",
 })
 
+# Caches torch's own modules rebuild from their parameters (nn.RNNBase re-reads its
+# weights when it sees them swapped): restored silently, never reported.
+_DERIVED_CACHES = frozenset({"_flat_weights", "_flat_weight_refs"})
+
 ASSIGNED_TENSOR_MESSAGE = (
     "aotkit export: the tensor {noun} {names} {verb} assigned during export. The exported "
     "graph cannot represent assigning a tensor to a module attribute, so the assignment "
     "was undone. Register such state as a buffer with `self.register_buffer(name, tensor)` "
     "and update it in place (`self.name.copy_(...)`): buffer mutations are exported as "
     "extra graph outputs."
+)
+# See Note [Tensors assigned to module attributes by aot_module]
+AOT_MODULE_ASSIGNED_TENSOR_MESSAGE = (
+    "aot_module: the forward assigned a tensor to the module {noun} {names} while it was "
+    "traced. A compiled graph cannot assign module attributes, so the attribute would hold "
+    "a tracing tensor once and never the values of later calls; the assignment was undone. "
+    "Register such state as a buffer with `self.register_buffer(name, tensor)` and update "
+    "it in place (`self.name.copy_(...)`), return the tensor instead, or compile with "
+    "`torch.compile(module, backend=\"aotkit_eager\")`, which replays attribute assignments."
 )
 
 
@@ -58,14 +82,28 @@ def _attributes(mod: nn.Module) -> dict[str, dict[str, Any]]:
     }
 
 
-def _assigned_tensors(path: str, old: Any, new: Any, found: list[str]) -> None:
+def is_tracing_tensor(t: torch.Tensor) -> bool:
+    """A fake, functional or meta tensor: one a trace created, never a user's value."""
+    return (
+        isinstance(t, (FakeTensor, FunctionalTensor))
+        or torch._is_functional_tensor(t)
+        or t.device.type == "meta"
+    )
+
+
+def _assigned_tensors(
+    path: str, old: Any, new: Any, found: list[str], only_tracing: bool = False
+) -> None:
     if old is new:
         return
     if isinstance(new, torch.Tensor):
-        found.append(path)
+        if not only_tracing or is_tracing_tensor(new):
+            found.append(path)
     elif type(old) is dict and type(new) is dict:
         for key in old.keys() | new.keys():
-            _assigned_tensors(f"{path}[{key!r}]", old.get(key), new.get(key), found)
+            _assigned_tensors(
+                f"{path}[{key!r}]", old.get(key), new.get(key), found, only_tracing
+            )
     elif type(old) in (list, tuple) and type(new) in (list, tuple):
         for i in range(max(len(old), len(new))):
             _assigned_tensors(
@@ -73,16 +111,20 @@ def _assigned_tensors(path: str, old: Any, new: Any, found: list[str]) -> None:
                 old[i] if i < len(old) else None,
                 new[i] if i < len(new) else None,
                 found,
+                only_tracing,
             )
 
 
 @contextlib.contextmanager
-def detect_attribute_assignment(mod: nn.Module) -> Iterator[None]:
+def detect_attribute_assignment(
+    mod: nn.Module, message: str = ASSIGNED_TENSOR_MESSAGE, *, only_tracing: bool = False
+) -> Iterator[None]:
     """Restore ``mod``'s plain attributes on exit; raise if a tensor was assigned to one.
 
     Raises TensorAttributeAssignedError naming every assigned attribute, e.g.
     ``self.block.cache`` or ``self.history[0]``. Attributes of other types are restored
-    silently.
+    silently. With ``only_tracing``, only tensors a trace created (fake,
+    functional, meta) are reported; real tensors are restored silently.
     """
     before = _copy_containers(_attributes(mod))
     failed = False
@@ -98,7 +140,10 @@ def detect_attribute_assignment(mod: nn.Module) -> Iterator[None]:
             old_attrs, new_attrs = before.get(name, {}), after.get(name, {})
             prefix = f"self.{name}." if name else "self."
             for attr in sorted(old_attrs.keys() | new_attrs.keys()):
-                _assigned_tensors(prefix + attr, old_attrs.get(attr), new_attrs.get(attr), found)
+                if attr not in _DERIVED_CACHES:
+                    _assigned_tensors(
+                        prefix + attr, old_attrs.get(attr), new_attrs.get(attr), found, only_tracing
+                    )
                 if attr in old_attrs:
                     sub.__dict__[attr] = old_attrs[attr]
                 else:
@@ -106,7 +151,7 @@ def detect_attribute_assignment(mod: nn.Module) -> Iterator[None]:
         if found and not failed:
             many = len(found) > 1
             raise TensorAttributeAssignedError(
-                ASSIGNED_TENSOR_MESSAGE.format(
+                message.format(
                     noun="attributes" if many else "attribute",
                     names=", ".join(found),
                     verb="were" if many else "was",

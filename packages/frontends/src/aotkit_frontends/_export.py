@@ -19,11 +19,11 @@ from aotkit_capture import AOTExportError, TracedGraphs, retrace_flat, trace_for
 from aotkit_partitioners import default_partition
 from aotkit_schemas import GraphSignature, OutputType, ViewAndMutationMeta, graph_outputs
 from torch._guards import detect_fake_mode
-from torch.nn.utils import stateless
 
 from ._aot_function import make_config
 from ._attribute_guard import detect_attribute_assignment
 from ._outputs import OutputLayout, flatten_function
+from ._reparametrize import distinct_slot_names, reparametrized, shared_slot_names
 from ._signature import build_graph_signature
 
 NO_LOSS_INDEX_MESSAGE = (
@@ -72,6 +72,14 @@ PARAMETER_MUTATION_MESSAGE = (
 UNUSED_PARAMETER_MESSAGE = (
     "aot_export_module: {name} requires grad but did not receive a gradient: the loss does "
     "not depend on it. Set requires_grad=False on it (or detach its use) before exporting."
+)
+
+# See Note [A submodule reachable under two names]
+SHARED_SLOT_MESSAGE = (
+    "aot_export_module: a submodule is registered under two names, so one parameter has "
+    "several names ({names}); a joint export lifts each name as its own input and only one "
+    "of them would receive the gradient. Register the submodule once (call it twice in "
+    "forward instead of listing it twice), or export with trace_joint=False."
 )
 
 
@@ -232,8 +240,15 @@ def aot_export_module(
     params_flat = [*named_parameters.values(), *named_buffers.values()]
     n_pb = len(params_flat)
 
+    distinct = distinct_slot_names(mod, fqns)
+    if trace_joint and len(distinct) < len(fqns):
+        shared = shared_slot_names(mod, fqns)
+        raise AOTExportError(SHARED_SLOT_MESSAGE.format(names=", ".join(" = ".join(g) for g in shared)))
+
     def functional_call(*full_args: Any, **kw: Any) -> Any:
-        with stateless._reparametrize_module(mod, dict(zip(fqns, full_args[:n_pb], strict=True))):
+        # See Note [A submodule reachable under two names] and Note [Parameters and
+        # buffers reassigned in forward]
+        with reparametrized(mod, {fqns[i]: full_args[i] for i in distinct}, who="aotkit export"):
             return mod(*full_args[n_pb:], **kw)
 
     fn = functional_call

@@ -118,11 +118,19 @@ def _aliasing(old: Any, new: Any) -> str:
 
 
 def explain_key_change(
-    old_key: tuple[Any, Any], new_key: tuple[Any, Any], num_inputs: int
+    old_key: tuple[Any, ...], new_key: tuple[Any, ...], num_inputs: int
 ) -> list[str]:
-    """The differences between two cache keys ``(in_spec, parts)``, one sentence each.
+    """The differences between two cache keys ``(in_spec, parts)`` (aot_module's add the
+    submodules' training flags), one sentence each.
     See Note [Recompile reasons]."""
-    (old_spec, old), (new_spec, new) = old_key, new_key
+    (old_spec, old, *old_modes), (new_spec, new, *new_modes) = old_key, new_key
+    if old_modes != new_modes:
+        # See Note [Training flags in aot_module's key]
+        flips = sum(a != b for a, b in zip(old_modes[0], new_modes[0], strict=True))
+        return [
+            f"the train/eval mode of {flips} of the module's {len(new_modes[0])} submodules "
+            "changed (module.train() / module.eval())"
+        ]
     if old_spec != new_spec:
         return [f"the structure of the arguments changed from {old_spec} to {new_spec}"]
     if len(old) != len(new):
@@ -177,8 +185,8 @@ def explain_guard_failures(
 
 def log_recompile(
     fn: Any,
-    last_key: tuple[Any, Any] | None,
-    key: tuple[Any, Any],
+    last_key: tuple[Any, ...] | None,
+    key: tuple[Any, ...],
     guard: Any,
     flat_args: Sequence[Any],
     num_compiled: int,

@@ -8,6 +8,7 @@ from ._eager_checks import has_internal_overlap as has_internal_overlap
 from ._eager_checks import (
     needs_python_functionalization as needs_python_functionalization,
 )
+from ._eager_checks import overlaps_itself as overlaps_itself
 from ._eager_checks import python_mode_reason as python_mode_reason
 from ._graph_checks import assert_functional_graph as assert_functional_graph
 from ._graph_checks import mutable_ops_in_graph as mutable_ops_in_graph
@@ -42,6 +43,7 @@ __all__ = [
     "functionalized",
     "has_data_mutation",
     "has_internal_overlap",
+    "overlaps_itself",
     "has_metadata_mutation",
     "has_storage_mutation",
     "input_was_changed",

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from torch._higher_order_ops.effects import has_effects
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
 # Ops that only change size/stride/offset/storage: no data is written.
 _METADATA_ONLY = frozenset(
@@ -98,6 +98,64 @@ def has_internal_overlap(t: torch.Tensor) -> bool:
     return any(st == 0 and sz > 1 for sz, st in zip(t.shape, t.stride(), strict=True))
 
 
+# Elements beyond which overlaps_itself stops counting offsets and answers True.
+_EXACT_OVERLAP_LIMIT = 1 << 20
+
+
+def overlaps_itself(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` share a memory location, decided exactly for
+    concrete sizes and strides (eager's check only sees stride 0). See Note [Writes into
+    memory that overlaps itself in a way eager does not detect].
+
+    Pure Python: it runs inside dispatch modes, where a tensor op would be traced."""
+    if t.layout != torch.strided or is_traceable_wrapper_subclass(t):
+        return False
+    if has_internal_overlap(t):
+        return True
+    sizes, strides = tuple(t.shape), t.stride()
+    if not all(type(v) is int for v in (*sizes, *strides)):
+        return False  # symbolic: undecidable without adding guards (int() would specialize)
+    dims = sorted((st, sz) for sz, st in zip(sizes, strides, strict=True) if sz != 1)
+    reach = 0  # the largest offset the smaller-stride dimensions reach
+    for st, sz in dims:
+        if sz == 0:
+            return False
+        if abs(st) <= reach:
+            break
+        reach += abs(st) * (sz - 1)
+    else:
+        return False  # each stride steps past everything below it: no overlap
+    numel = 1
+    for _, sz in dims:
+        numel *= sz
+    if numel > _EXACT_OVERLAP_LIMIT:
+        return True
+    offsets = {0}
+    for st, sz in dims:
+        offsets = {o + i * st for o in offsets for i in range(sz)}
+    return len(offsets) < numel
+
+
+# Note [Writes into memory that overlaps itself in a way eager does not detect]
+# Eager rejects an in-place op on a tensor with a stride-0 dimension, but its check answers
+# "too hard" for other self-overlapping layouts (``base.as_strided((3, 3), (1, 1))``) and
+# lets the op run: each of the nine elements is updated in turn, so a location shared by
+# three elements is incremented three times by ``add_(1)``. Functionalization computes
+# ``x + 1`` once per location and writes it back, so the compiled program would silently
+# disagree. ``overlaps_itself`` decides the overlap exactly (stride arithmetic, then a
+# count of distinct offsets), and a data write into such a tensor raises a clear error at
+# trace time, before any input is touched. Fills are the same in both (idempotent) but are
+# refused too, as for stride 0 (the write-back sums).
+_SELF_OVERLAP_MESSAGE = (
+    "aotkit cannot compile {op} on a tensor whose elements overlap in memory (shape "
+    "{shape}, stride {stride}: several elements are one memory location). Eager updates "
+    "such a location once per element that shares it, in its kernel's order; a functional "
+    "graph computes one value per location, so the result would differ. Remedy: clone() "
+    "the tensor before writing into it, or write into the tensor it was taken from. See "
+    "Note [Writes into memory that overlaps itself in a way eager does not detect]."
+)
+
+
 # TorchDispatchMode's __init__ and __init_subclass__ carry no annotations in torch.
 class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
     """See Note [In-place errors eager raises and functionalization hides].
@@ -158,3 +216,8 @@ class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
             if op in _FILLS:
                 raise RuntimeError(_FILL_OVERLAP_MESSAGE.format(op=op))
             raise RuntimeError(_OVERLAP_MESSAGE)
+        if op not in _METADATA_ONLY and overlaps_itself(t):
+            # See Note [Writes into memory that overlaps itself in a way eager does not detect]
+            raise RuntimeError(
+                _SELF_OVERLAP_MESSAGE.format(op=op, shape=tuple(t.shape), stride=t.stride())
+            )

@@ -15,10 +15,23 @@
 #   3. returns the user outputs.
 # Nothing touches the caller's tensors before the graph has run to completion, so a
 # failing call never leaves inputs half-mutated.
+#
+# Note [Views of inputs made under no_grad]
+# ``with torch.no_grad(): v = x.view(-1)`` inside a function called with grad mode on
+# returns, in eager, a view that requires grad (its base does) but has no grad_fn: a
+# backward through it raises "does not require grad and does not have a grad_fn", and
+# ``x`` gets no gradient from it. The trace sees the same (``requires_grad`` without a
+# grad_fn: ``requires_grad_for_backward`` is False), so such an alias (of an input, or of
+# an intermediate regenerated from its base) is regenerated under no_grad too.
+# Regenerated with grad mode on it had a ViewBackward and gradients flowed into ``x``
+# where eager raises (torch's AOTAutograd does that). Not covered: a view made with grad
+# on *from* such a view (``v[0]``) has a grad_fn in eager that stops at ``v``; aotkit
+# replays the whole chain with grad on, so ``x`` gets that gradient too (as in torch).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -120,7 +133,9 @@ def make_epilogue(
     n_out = meta.num_outputs
     plan = [
         (j, info.output_type, info.base_idx, info.requires_grad, relative_offsets[j],
-         info.view_meta_sequence)
+         info.view_meta_sequence,
+         # See Note [Views of inputs made under no_grad]
+         info.requires_grad and not info.requires_grad_for_backward)
         for j, info in enumerate(meta.output_info)
         if info.is_regenerated_alias
     ]
@@ -146,7 +161,7 @@ def make_epilogue(
             )
         outs = list(returns[n_mut : n_mut + n_out])
         bases = returns[n_mut + n_out :]
-        for j, kind, base_idx, requires_grad, rel, chain in plan:
+        for j, kind, base_idx, requires_grad, rel, chain, no_grad_view in plan:
             assert base_idx is not None
             if kind is OutputType.is_input:
                 outs[j] = args[base_idx]
@@ -157,10 +172,11 @@ def make_epilogue(
                 base = outs[base_idx]
             else:
                 base = bases[base_idx]
-            outs[j] = regenerate_alias(
-                base, outs[j], requires_grad=requires_grad,
-                relative_storage_offset=rel, view_chain=chain,
-            )
+            with torch.no_grad() if no_grad_view else contextlib.nullcontext():
+                outs[j] = regenerate_alias(
+                    base, outs[j], requires_grad=requires_grad,
+                    relative_storage_offset=rel, view_chain=chain,
+                )
         if grad_mode_after is not None:
             torch.set_grad_enabled(grad_mode_after)
         return outs

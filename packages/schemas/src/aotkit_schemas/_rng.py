@@ -27,8 +27,9 @@
 #
 # So the global RNG state after forward and backward equals eager's: only forward draws
 # advance the generator, replays restore it. With the switch off (``functionalize_rng(False)``)
-# aotkit behaves as before: random ops are never recomputed (their results are saved), and
-# a checkpointed region's recomputation draws afresh (wrong: eager replays).
+# random ops are never recomputed (their results are saved), and a checkpointed region
+# whose recomputation draws random numbers raises (eager replays the forward's draws;
+# See Note [Checkpointed random ops with functionalized RNG off] in aotkit_capture).
 """
 
 from __future__ import annotations
