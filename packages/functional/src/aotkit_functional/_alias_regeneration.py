@@ -148,6 +148,17 @@ def regenerate_alias(
     return out
 
 
+# Note [Conjugate and negative bits of aliases]
+# ``aten._conj`` and ``aten._neg_view`` are view ops that flip a lazy bit instead of
+# computing: the result reads the same memory as its base but means ``conj(base)`` /
+# ``-base`` (``torch.fft.ifft`` of a real input returns ``_conj(_fft_r2c(x))``). The bits
+# are tensor metadata, not storage: ``set_`` onto a fresh tensor does not carry them, so
+# ``as_plain_tensor`` sets them again, or the output would silently mean the unconjugated
+# / unnegated values. (View replay needs nothing: replaying ``_conj`` sets the bit; and
+# the graph value's bits say nothing when a backend returned a copy, which a ``clone``
+# resolves.)
+
+
 def as_plain_tensor(t: torch.Tensor) -> torch.Tensor:
     """A tensor over exactly ``t``'s memory (size, stride, storage offset) that is not a view.
 
@@ -158,4 +169,10 @@ def as_plain_tensor(t: torch.Tensor) -> torch.Tensor:
     out = t.new_empty(0)
     with torch.no_grad():
         out.set_(t.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+    # See Note [Conjugate and negative bits of aliases]: the bits are not part of the
+    # storage, set_ does not carry them.
+    if t.is_conj():
+        torch._C._set_conj(out, True)
+    if t.is_neg():
+        torch._C._set_neg(out, True)
     return out
