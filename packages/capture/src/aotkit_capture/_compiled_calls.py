@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._autocast import autocast_at_compile, run_without_autocast, without_autocast_compiling
 from ._context import track_graph_compiling
+from ._gc import deferred_full_collections
 from ._grad_mode_kernels import symbolic_dispatch
 from ._graph_facts import (
     gradless_inputs,
@@ -113,8 +114,12 @@ def _backward_compiler(
             else contextlib.nullcontext()
         )
         no_amp = torch._C._DisableAutocast() if disable_amp else contextlib.nullcontext()
-        with context, _tracing_context(fake_mode, symbolic), track_graph_compiling(
-            cfg, "backward"
+        # See Note [Full collections deferred during a compile]
+        with (
+            deferred_full_collections(),
+            context,
+            _tracing_context(fake_mode, symbolic),
+            track_graph_compiling(cfg, "backward"),
         ):
             with no_amp:
                 compiled: Callable[..., Any] = backward_with_tokens(

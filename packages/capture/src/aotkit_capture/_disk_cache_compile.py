@@ -30,6 +30,7 @@ from ._disk_cache_entry import CacheSidecar, cache_key_or_none, entry_payload, r
 from ._disk_cache_key import symbolic_kind
 from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, restored_guard
 from ._fakify import construct_fake_mode
+from ._gc import deferred_full_collections
 from ._logs import log_restored_partition
 from ._paths import notify_compiled
 from ._trace import FlatFn
@@ -52,6 +53,17 @@ def compile_flat(
     (the output layout), stored with the entry and restored on a hit. See Note [On-disk
     compile cache].
     """
+    with deferred_full_collections():  # See Note [Full collections deferred during a compile]
+        return _compile_flat(flat_fn, flat_args, cfg, cache_identity, cache_sidecar)
+
+
+def _compile_flat(
+    flat_fn: FlatFn,
+    flat_args: Sequence[Any],
+    cfg: AOTConfig,
+    cache_identity: str | None,
+    cache_sidecar: CacheSidecar | None,
+) -> tuple[Runner, CompiledArtifacts]:
     key = cache_key_or_none(cache_identity, flat_args, cfg)
     symbolic = key is not None and symbolic_kind(flat_args, cfg) is not None
     if key is not None:

@@ -1,0 +1,134 @@
+"""Full garbage collections are deferred while aotkit compiles, as torch defers them during
+dynamo's compile and its lazy backward compile (Note [Full collections deferred during a
+compile]), and the collector's thresholds are restored afterwards."""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from aotkit_frontends import aot_function
+
+
+@pytest.fixture(autouse=True)
+def default_thresholds() -> Iterator[None]:
+    saved = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)  # CPython's defaults
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
+
+
+class Recording:
+    """A nop compiler that records the gen-2 threshold it was called under."""
+
+    def __init__(self) -> None:
+        self.thresholds: list[int] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        self.thresholds.append(gc.get_threshold()[2])
+        return gm
+
+
+def test_forward_and_lazy_backward_compiles_defer_full_collections() -> None:
+    fw, bw = Recording(), Recording()
+    f = aot_function(lambda x: (x.sin() * 2).sum(), fw, bw)
+    x = torch.randn(4, requires_grad=True)
+    out = f(x)
+    assert fw.thresholds == [1000] and bw.thresholds == []  # the backward compiles lazily
+    assert gc.get_threshold() == (700, 10, 10)
+    out.backward()
+    assert bw.thresholds == [1000]
+    assert gc.get_threshold() == (700, 10, 10)
+    torch.testing.assert_close(x.grad, 2 * x.detach().cos())
+
+
+def test_a_raised_threshold_is_not_lowered() -> None:
+    gc.set_threshold(700, 10, 5000)
+    fw = Recording()
+    aot_function(lambda x: x * 2, fw)(torch.randn(3))
+    assert fw.thresholds == [5000]
+    assert gc.get_threshold() == (700, 10, 5000)
+
+
+def test_thresholds_are_restored_when_the_compile_fails() -> None:
+    def failing(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        raise RuntimeError("compiler failed")
+
+    with pytest.raises(RuntimeError, match="compiler failed"):
+        aot_function(lambda x: x * 2, failing)(torch.randn(3))
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+def test_torch_compile_backward_compile_defers_full_collections() -> None:
+    from aotkit_frontends import aot_autograd
+
+    fw, bw = Recording(), Recording()
+    f = torch.compile(
+        lambda x: (x.cos() * 3).sum(), backend=aot_autograd(fw_compiler=fw, bw_compiler=bw)
+    )
+    x = torch.randn(5, requires_grad=True)
+    f(x).backward()
+    assert fw.thresholds and min(fw.thresholds) >= 1000
+    assert bw.thresholds and min(bw.thresholds) >= 1000
+    assert gc.get_threshold() == (700, 10, 10)
+
+
+_WITHOUT_DYNAMO = """
+import gc, json, sys, torch
+from aotkit_frontends import aot_function
+gc.set_threshold(700, 10, 10)
+seen = []
+def fw(gm, example_inputs):
+    seen.append(gc.get_threshold()[2])
+    return gm
+out = aot_function(lambda x: (x * x).sum(), fw, fw)(torch.randn(3, requires_grad=True))
+out.backward()
+print(json.dumps([seen, list(gc.get_threshold())]))
+"""
+
+
+@pytest.mark.parametrize(("env", "expected"), [(None, 1000), ("0", 10), ("4000", 4000)])
+def test_torchs_environment_variable_sets_the_threshold(env: str | None, expected: int) -> None:
+    """In a fresh interpreter the first compile starts before dynamo is loaded (aotkit's
+    own deferral); the backward compile finds dynamo loaded (dynamo's)."""
+    environ = {
+        k: v for k, v in os.environ.items() if k != "TORCH_DYNAMO_GC_GEN2_THRESHOLD_DURING_COMPILE"
+    }
+    if env is not None:
+        environ["TORCH_DYNAMO_GC_GEN2_THRESHOLD_DURING_COMPILE"] = env
+    result = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_DYNAMO],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environ,
+    )
+    seen, after = json.loads(result.stdout.strip().splitlines()[-1])
+    assert seen == [expected, expected]
+    assert after == [700, 10, 10]
+
+
+def test_own_deferral_is_reentrant(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aotkit_capture._gc import _deferred_without_dynamo
+
+    monkeypatch.delenv("TORCH_DYNAMO_GC_GEN2_THRESHOLD_DURING_COMPILE", raising=False)
+    with _deferred_without_dynamo():
+        assert gc.get_threshold() == (700, 10, 1000)
+        gc.set_threshold(700, 10, 1000)
+        with _deferred_without_dynamo():
+            assert gc.get_threshold() == (700, 10, 1000)
+        assert gc.get_threshold() == (700, 10, 1000)  # the outer one restores
+    assert gc.get_threshold() == (700, 10, 10)
+    with pytest.raises(ValueError), _deferred_without_dynamo():
+        raise ValueError
+    assert gc.get_threshold() == (700, 10, 10)
