@@ -69,9 +69,15 @@ def _train(
     outs: list[tuple[torch.Tensor, ...]] = []
     grads: list[dict[str, torch.Tensor]] = []
     channels_last = 0
+    seen: list[torch.Tensor] = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen.append(t)
+        return t
+
     for x in xs:
-        seen: list[torch.Tensor] = []
-        with torch.autograd.graph.saved_tensors_hooks(lambda t: seen.append(t) or t, lambda t: t):
+        seen.clear()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             out = fn(x)
         channels_last = sum(
             1
