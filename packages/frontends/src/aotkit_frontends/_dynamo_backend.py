@@ -267,7 +267,8 @@ def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
 # Note [Layout optimization in aotkit_inductor]
 # Inductor's layout optimization (on by default, as in torch's ``inductor`` backend) may
 # return the forward's saved activations channels-last where the trace had them
-# contiguous. aotkit_inductor keeps it on when the backward will be compiled for the
+# contiguous (only in graphs with convolutions: others compile as they are). aotkit_inductor
+# keeps it on when the backward will be compiled for the
 # strides the forward really produces (See Note [Saved tensors keep the compiled
 # forward's strides] in aotkit_capture): the forward compiles while the strides are
 # listened to (``TracingContext.output_strides`` is a list), its user outputs are marked
@@ -294,8 +295,9 @@ def _inductor_for_role(role: GraphRole) -> Callable[..., Callable[[list[Any]], A
         from torch._guards import TracingContext
         from torch._inductor import config  # imported on first compile: Inductor is slow to import
 
-        if role != "forward":
-            return inner(gm, example_inputs)
+        conv = torch.ops.aten.convolution.default
+        if role != "forward" or not gm.graph.find_nodes(op="call_function", target=conv):
+            return inner(gm, example_inputs)  # Inductor optimizes layouts for convolutions only
         context = TracingContext.try_get()
         reported = None if context is None else context.output_strides
         output = gm.graph.find_nodes(op="output")[0]
