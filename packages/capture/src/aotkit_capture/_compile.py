@@ -47,6 +47,7 @@ from ._donated_buffers import with_donated_buffers
 from ._effects import count_backward_tokens, with_backward_tokens
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
+from ._grad_mode_kernels import compiler_kernel_choices
 from ._hops import retry_with_shape_env
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
@@ -59,6 +60,7 @@ from ._saved_tensor_hooks import (
 )
 from ._shape_guards import ShapeGuard
 from ._single_pass import trace_single_pass
+from ._static_inputs import partition_kwargs, static_lifetime_indices
 from ._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
 from ._subclass_calls import subclass_inference_call, subclass_training_call
 from ._trace import NATIVE_FALLBACK_KEY, STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
@@ -484,8 +486,13 @@ def _compile_training(
         n_fwd = subclasses.num_flat_forward_returns + n_tok
         fake = list(joint_inputs[0])
     lazy = reads_graph_only(cfg.fw_compiler) and reads_graph_only(cfg.bw_compiler)
-    with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy), without_autocast_compiling():
-        fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
+    with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy), without_autocast_compiling(), (
+        compiler_kernel_choices()  # See Note [Compilers see the caller's oneDNN setting]
+    ):
+        # desugared subclasses: the primals are their inner tensors, none marked static
+        static = static_lifetime_indices(meta, artifacts.layout, n_tok) if not subclasses else []
+        kw = partition_kwargs(cfg.partition_fn, static)
+        fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd, **kw)
         inline_after_partition(fw_module, bw_module, n_fwd, meta, cfg.decompositions)
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
     meta = artifacts.meta = with_donated_buffers(meta, partition, n_fwd)  # Note [Donated buffers]

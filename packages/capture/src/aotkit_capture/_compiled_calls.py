@@ -27,13 +27,19 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ._autocast import autocast_at_compile, run_without_autocast, without_autocast_compiling
 from ._context import track_graph_compiling
 from ._gc import deferred_full_collections
-from ._grad_mode_kernels import symbolic_dispatch
+from ._grad_mode_kernels import compiler_kernel_choices, symbolic_dispatch
 from ._graph_facts import (
     gradless_inputs,
     plain_view_outputs,
     returning_plain_tensors,
     static_tangent_like,
     tangent_dependencies,
+)
+from ._saved_strides import (
+    Strides,
+    reported_output_strides,
+    restride_saved,
+    saved_tensor_strides,
 )
 
 
@@ -58,7 +64,9 @@ def inference_call(
     if n_tok:
         example = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
-    with track_graph_compiling(cfg, "inference"), without_autocast_compiling():
+    with track_graph_compiling(cfg, "inference"), without_autocast_compiling(), (
+        compiler_kernel_choices()  # See Note [Compilers see the caller's oneDNN setting]
+    ):
         raw = forward_with_tokens(compiler(gm, example), n_tok)
     raw = run_without_autocast(raw, disable_amp)
     compiled = as_list_caller(raw)
@@ -92,11 +100,17 @@ def _no_grad_unless_grad_free(
 
 
 def _backward_compiler(
-    partition: PartitionResult, fake: Sequence[Any], cfg: AOTConfig, n_bw_tokens: int = 0
+    partition: PartitionResult,
+    fake: Sequence[Any],
+    cfg: AOTConfig,
+    n_bw_tokens: int = 0,
+    saved_strides: Strides | None = None,
 ) -> Callable[[], Callable[..., Any]]:
     bw_module = partition.bw_module
     with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
         bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
+        # See Note [Saved tensors keep the compiled forward's strides]
+        bw_example = restride_saved(bw_example, saved_strides, partition)
     fake_mode = detect_fake_mode(list(fake)) or FakeTensorMode()
     symbolic = fake_mode.shape_env is not None
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
@@ -121,7 +135,7 @@ def _backward_compiler(
             _tracing_context(fake_mode, symbolic),
             track_graph_compiling(cfg, "backward"),
         ):
-            with no_amp:
+            with no_amp, compiler_kernel_choices():
                 compiled: Callable[..., Any] = backward_with_tokens(
                     cfg.bw_compiler(bw_module, bw_example), n_bw_tokens
                 )
@@ -147,10 +161,14 @@ def training_call(
     if n_tok:
         fw_example = [n.meta.get("val") for n in fw_module.graph.find_nodes(op="placeholder")]
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
-    with track_graph_compiling(cfg, "forward"), without_autocast_compiling():
+    # See Note [Saved tensors keep the compiled forward's strides]
+    with track_graph_compiling(cfg, "forward"), without_autocast_compiling(), (
+        compiler_kernel_choices()  # See Note [Compilers see the caller's oneDNN setting]
+    ), reported_output_strides() as fw_strides:
         compiled_fw = forward_with_tokens(cfg.fw_compiler(fw_module, fw_example), n_tok)
     compiled_fw = run_without_autocast(compiled_fw, disable_amp)
-    compile_backward = _backward_compiler(partition, fake, cfg, n_bw_tok)
+    saved_strides = saved_tensor_strides(fw_strides, partition)
+    compile_backward = _backward_compiler(partition, fake, cfg, n_bw_tok, saved_strides)
     plan = AutogradPlan(
         meta=meta,
         num_saved_tensors=partition.num_saved_tensors,

@@ -27,6 +27,16 @@ from typing import Any
 
 import torch
 
+# Note [Compilers see the caller's oneDNN setting]
+# The switch above is process-global and, under a ShapeEnv (always, under dynamo), held for
+# the whole compile (See Note [Recurrent layers under the Python dispatcher]). The
+# compilers and the partitioner must not see it: Inductor reads it to choose channels-last
+# layouts for convolutions and its oneDNN fusions and weight prepacking, so with it off an
+# aotkit_inductor graph compiled to slower code than torch's ``inductor`` for the same
+# graph. ``compiler_kernel_choices`` switches oneDNN back on for a compiler call when a
+# ``joint_kernel_choices`` switched it off, and off again after.
+_switched_off: list[bool] = []
+
 
 @contextlib.contextmanager
 def joint_kernel_choices() -> Iterator[None]:
@@ -39,10 +49,26 @@ def joint_kernel_choices() -> Iterator[None]:
         yield
         return
     torch._C._set_mkldnn_enabled(False)
+    _switched_off.append(True)
     try:
         yield
     finally:
+        _switched_off.pop()
         torch._C._set_mkldnn_enabled(True)
+
+
+@contextlib.contextmanager
+def compiler_kernel_choices() -> Iterator[None]:
+    """oneDNN as the caller had it, for a compiler or partitioner call. See Note [Compilers
+    see the caller's oneDNN setting]."""
+    if not _switched_off or torch._C._get_mkldnn_enabled():
+        yield
+        return
+    torch._C._set_mkldnn_enabled(True)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(False)
 
 
 # Note [Recurrent layers under the Python dispatcher]

@@ -34,6 +34,7 @@ from aotkit_schemas import (
 from ._autocast import autocast_at_compile, run_without_autocast, without_autocast_compiling
 from ._compiled_calls import _backward_compiler, _no_grad_unless_grad_free
 from ._context import track_graph_compiling
+from ._grad_mode_kernels import compiler_kernel_choices
 from ._graph_facts import tangent_dependencies
 from ._subclass import SubclassLayer
 
@@ -53,7 +54,9 @@ def subclass_inference_call(
     """Compile the desugared inference graph ``gm``; the call takes the user's values."""
     compiler = cfg.inference_compiler or cfg.fw_compiler
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
-    with track_graph_compiling(cfg, "inference"), without_autocast_compiling():
+    with track_graph_compiling(cfg, "inference"), without_autocast_compiling(), (
+        compiler_kernel_choices()  # See Note [Compilers see the caller's oneDNN setting]
+    ):
         raw = forward_with_tokens(compiler(gm, _example_inputs(gm)), len(meta.tokens))
     raw = run_without_autocast(raw, disable_amp)
     # flattening the inputs makes a new list, so a boxed graph may clear it
@@ -72,7 +75,9 @@ def subclass_training_call(
     """Compile the desugared forward now and the backward at its first call; the
     autograd.Function over the user's values. ``fake``: the joint's flat primals."""
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
-    with track_graph_compiling(cfg, "forward"), without_autocast_compiling():
+    with track_graph_compiling(cfg, "forward"), without_autocast_compiling(), (
+        compiler_kernel_choices()  # See Note [Compilers see the caller's oneDNN setting]
+    ):
         compiled_fw = forward_with_tokens(
             cfg.fw_compiler(partition.fw_module, _example_inputs(partition.fw_module)),
             len(meta.tokens),

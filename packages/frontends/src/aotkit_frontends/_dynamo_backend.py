@@ -264,30 +264,57 @@ def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     return table
 
 
-def _inductor_keeping_layouts(role: GraphRole) -> Callable[..., Callable[[list[Any]], Any]]:
-    """An Inductor compiler for graphs of ``role`` with Inductor's layout optimization off.
+# Note [Layout optimization in aotkit_inductor]
+# Inductor's layout optimization (on by default, as in torch's ``inductor`` backend) may
+# return the forward's saved activations channels-last where the trace had them
+# contiguous (only in graphs with convolutions: others compile as they are). aotkit_inductor
+# keeps it on when the backward will be compiled for the
+# strides the forward really produces (See Note [Saved tensors keep the compiled
+# forward's strides] in aotkit_capture): the forward compiles while the strides are
+# listened to (``TracingContext.output_strides`` is a list), its user outputs are marked
+# user-visible (so Inductor pins their strides to the trace's; the partition step marks
+# them), and Inductor reported one stride per forward output. Otherwise (no TracingContext,
+# a forward from another partitioner or restored from the disk cache, effect tokens
+# unlifted around Inductor) the forward is compiled with the optimization off, so every
+# output keeps the trace's strides. The backward and inference graphs keep it on: all their
+# outputs are user-visible, and the backward's inputs are the restrided saved tensors and
+# the tangents coerced to their traced layouts.
 
-    With it on, Inductor may return convolution activations in channels-last layout from
-    the forward graph, while the backward graph is compiled for the strides the trace
-    saw (torch feeds the forward's real output strides back into the backward compile;
-    aotkit does not yet). Keeping eager layouts makes the two agree.
-    """
+
+def _inductor_for_role(role: GraphRole) -> Callable[..., Callable[[list[Any]], Any]]:
+    """An Inductor compiler for graphs of ``role``, its layout optimization on where the
+    backward follows the forward's layouts. See Note [Layout optimization in
+    aotkit_inductor]."""
     # traced with Inductor's table (``_inductor_decompositions``): See Note [Why
     # inductor_compiler re-traces] in aotkit_backends
     inner = make_inductor_compiler(retrace=False, role=role)
 
-    def compile_keeping_layouts(
+    def compile_for_role(
         gm: torch.fx.GraphModule, example_inputs: Sequence[Any]
     ) -> Callable[[list[Any]], Any]:
+        from torch._guards import TracingContext
         from torch._inductor import config  # imported on first compile: Inductor is slow to import
 
+        conv = torch.ops.aten.convolution.default
+        if role != "forward" or not gm.graph.find_nodes(op="call_function", target=conv):
+            return inner(gm, example_inputs)  # Inductor optimizes layouts for convolutions only
+        context = TracingContext.try_get()
+        reported = None if context is None else context.output_strides
+        output = gm.graph.find_nodes(op="output")[0]
+        # Inductor's own key, set by ``mark_user_visible_outputs`` (the partition step)
+        if reported is not None and "user_visible_output_idxs" in output.meta:
+            compiled = inner(gm, example_inputs)
+            outs = output.args[0]
+            if isinstance(outs, list | tuple) and len(reported) == len(outs):
+                return compiled
+            reported.clear()  # not one stride per output: compiled again keeping layouts
         with config.patch(layout_optimization=False):
             return inner(gm, example_inputs)
 
-    compile_keeping_layouts.__name__ = f"inductor_{role}_keeping_layouts"
-    compile_keeping_layouts.__qualname__ = compile_keeping_layouts.__name__
-    mark_cache_key(compile_keeping_layouts, f"aotkit.inductor.keeping_layouts.{role}/1")
-    return compile_keeping_layouts
+    compile_for_role.__name__ = f"inductor_{role}"
+    compile_for_role.__qualname__ = compile_for_role.__name__
+    mark_cache_key(compile_for_role, f"aotkit.inductor.layouts.{role}/2")
+    return compile_for_role
 
 
 def _inductor_partition(
@@ -300,8 +327,6 @@ def _inductor_partition(
     marked as the ones whose strides the caller observes. See Note [Inductor's graph roles]
     in aotkit_backends."""
     joint_module = inductor_joint_graph_passes(joint_module, joint_inputs)
-    if kwargs.get("static_lifetime_input_indices") is None:
-        kwargs["static_lifetime_input_indices"] = _parameter_positions(joint_module, joint_inputs)
     fw, bw = min_cut_rematerialization_partition(
         joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs
     )
@@ -309,24 +334,7 @@ def _inductor_partition(
     return fw, bw
 
 
-def _parameter_positions(joint_module: torch.fx.GraphModule, joint_inputs: Any) -> list[int]:
-    """The primals that are parameters: alive as long as the model, so saving one for the
-    backward costs no memory. torch's AOTAutograd hands its partitioner these positions
-    (``static_lifetime_input_indices``, the inputs dynamo marks static: the parameters);
-    aotkit's pipeline does not, so the partition function finds them on the fake primals.
-    Saving a weight instead of its transpose then costs nothing, and the backward
-    recomputes the transpose (a view), as torch's graphs do."""
-    if not (isinstance(joint_inputs, list | tuple) and len(joint_inputs) == 2):
-        return []
-    primals = joint_inputs[0]
-    placeholders = [n for n in joint_module.graph.find_nodes(op="placeholder")]
-    n_primals = sum(1 for n in placeholders if n.name.startswith("primals"))
-    if not isinstance(primals, list | tuple) or len(primals) != n_primals:
-        return []
-    return [i for i, x in enumerate(primals) if isinstance(x, torch.nn.Parameter)]
-
-
-mark_cache_key(_inductor_partition, "aotkit.inductor.partition/3")
+mark_cache_key(_inductor_partition, "aotkit.inductor.partition/4")
 
 
 # The registered backends: module attributes, so that dynamo's registry can load them by
@@ -343,9 +351,9 @@ aotkit_eager = AotAutograd(
 )
 aotkit_inductor = AotAutograd(
     disk_cache=True,
-    fw_compiler=_inductor_keeping_layouts("forward"),
-    bw_compiler=_inductor_keeping_layouts("backward"),
-    inference_compiler=_inductor_keeping_layouts("inference"),
+    fw_compiler=_inductor_for_role("forward"),
+    bw_compiler=_inductor_for_role("backward"),
+    inference_compiler=_inductor_for_role("inference"),
     partition_fn=_inductor_partition,
     decompositions=_inductor_decompositions,
     keep_inference_input_mutations=True,
