@@ -59,8 +59,8 @@ from ._saved_detaches import (
     SavedOutputRecorder,
     forward_end,
     last_computed,
-    nodes_made_so_far,
     match_python_mode_graph,
+    nodes_made_so_far,
     tag_forward_and_backward,
 )
 from ._subclass import SubclassLayer
