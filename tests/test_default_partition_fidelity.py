@@ -129,7 +129,8 @@ def _through_compile(factory: Any, *, dynamic: bool) -> Any:
 
 def _through_aot_module(api: Any, **kwargs: Any) -> Any:
     def run(model: torch.nn.Module, record: Any, x: torch.Tensor) -> torch.Tensor:
-        out: torch.Tensor = api.aot_module(model, fw_compiler=record, bw_compiler=record, **kwargs)(x)
+        compiled = api.aot_module(model, fw_compiler=record, bw_compiler=record, **kwargs)
+        out: torch.Tensor = compiled(x)
         return out
 
     return run
