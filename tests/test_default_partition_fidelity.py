@@ -114,13 +114,14 @@ def _check_against_eager(
     return texts
 
 
-def _through_compile(factory: Any, *, dynamic: bool) -> Any:
+def _through_compile(factory: Any, *, dynamic: bool, partition_fn: Any = None) -> Any:
     def run(model: torch.nn.Module, record: Any, x: torch.Tensor) -> torch.Tensor:
         torch._dynamo.reset()
         if dynamic:
             for dim in range(x.dim() - 1):  # the features stay static, as a Linear needs
                 torch._dynamo.mark_dynamic(x, dim)
-        backend = factory(fw_compiler=record, bw_compiler=record)
+        kwargs = {} if partition_fn is None else {"partition_fn": partition_fn}
+        backend = factory(fw_compiler=record, bw_compiler=record, **kwargs)
         out: torch.Tensor = torch.compile(model, backend=backend)(x)
         return out
 
@@ -202,3 +203,39 @@ def test_suite_model_under_aot_module(bias: bool) -> None:
     )
     assert len(ours) == 2
     assert ours == theirs
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: _TwoLinear(custom=True, bias=True),
+        lambda: _TwoLinear(custom=False, bias=False),
+        lambda: _TransposedWeights("linear", bias=False),
+        lambda: _TransposedWeights("addmm", bias=True),
+    ],
+)
+def test_min_cut_under_torch_compile_saves_the_weights(make: Any, dynamic: bool) -> None:
+    """torch.compile hands the partitioner the parameters' positions (static-lifetime
+    inputs, free to save): min-cut saves the weights and recomputes their transposes. See
+    Note [Static-lifetime inputs reach the partitioner] in aotkit_capture."""
+    make_x = _suite_input if isinstance(make(), _TwoLinear) else _batched_input
+    ours, theirs = _check_against_eager(
+        make,
+        make_x,
+        [
+            _through_compile(
+                aotkit.aot_autograd,
+                dynamic=dynamic,
+                partition_fn=aotkit.min_cut_rematerialization_partition,
+            ),
+            _through_compile(
+                torch_aot_autograd,
+                dynamic=dynamic,
+                partition_fn=torch_compile.min_cut_rematerialization_partition,
+            ),
+        ],
+    )
+    assert len(ours) == 2
+    assert ours == theirs
+    assert "aten.t.default(t" not in ours[0]
