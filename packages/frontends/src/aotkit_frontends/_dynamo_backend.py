@@ -300,7 +300,7 @@ def _inductor_partition(
     marked as the ones whose strides the caller observes. See Note [Inductor's graph roles]
     in aotkit_backends."""
     joint_module = inductor_joint_graph_passes(joint_module, joint_inputs)
-    if not kwargs.get("static_lifetime_input_indices"):
+    if kwargs.get("static_lifetime_input_indices") is None:
         kwargs["static_lifetime_input_indices"] = _parameter_positions(joint_module, joint_inputs)
     fw, bw = min_cut_rematerialization_partition(
         joint_module, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs
@@ -312,11 +312,10 @@ def _inductor_partition(
 def _parameter_positions(joint_module: torch.fx.GraphModule, joint_inputs: Any) -> list[int]:
     """The primals that are parameters: alive as long as the model, so saving one for the
     backward costs no memory. torch's AOTAutograd hands its partitioner these positions
-    (``static_lifetime_input_indices``, the inputs dynamo marks static: the parameters),
-    and so does aotkit's pipeline (See Note [Static-lifetime inputs reach the partitioner]
-    in aotkit_capture); when it hands none (``aot_module``, a subclass layer), the partition
-    function finds them on the fake primals. Saving a weight instead of its transpose then
-    costs nothing, and the backward recomputes the transpose (a view), as torch's graphs do."""
+    (``static_lifetime_input_indices``, the inputs dynamo marks static: the parameters);
+    aotkit's pipeline does not, so the partition function finds them on the fake primals.
+    Saving a weight instead of its transpose then costs nothing, and the backward
+    recomputes the transpose (a view), as torch's graphs do."""
     if not (isinstance(joint_inputs, list | tuple) and len(joint_inputs) == 2):
         return []
     primals = joint_inputs[0]
@@ -327,7 +326,7 @@ def _parameter_positions(joint_module: torch.fx.GraphModule, joint_inputs: Any) 
     return [i for i, x in enumerate(primals) if isinstance(x, torch.nn.Parameter)]
 
 
-mark_cache_key(_inductor_partition, "aotkit.inductor.partition/4")
+mark_cache_key(_inductor_partition, "aotkit.inductor.partition/3")
 
 
 # The registered backends: module attributes, so that dynamo's registry can load them by
