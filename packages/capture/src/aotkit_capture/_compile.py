@@ -50,7 +50,6 @@ from ._fakify import construct_fake_mode, fakify_inputs
 from ._hops import retry_with_shape_env
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
-from ._partition_call import partition_fn_name, partition_joint
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
 from ._shape_guards import ShapeGuard
 from ._single_pass import trace_single_pass
@@ -477,10 +476,10 @@ def _compile_training(
         fake = list(joint_inputs[0])
     lazy = reads_graph_only(cfg.fw_compiler) and reads_graph_only(cfg.bw_compiler)
     with track_graph_compiling(cfg, "joint"), _lazy_modules(lazy), without_autocast_compiling():
-        fw_module, bw_module = partition_joint(cfg, joint, joint_inputs, n_fwd, meta, subclasses)
+        fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd)
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
     meta = artifacts.meta = with_donated_buffers(meta, partition, n_fwd)  # Note [Donated buffers]
-    log_partition(joint, fw_module, bw_module, n_fwd, meta, partition_fn_name(cfg), cfg.aot_id)
+    log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn), cfg.aot_id)
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
     artifacts.stale_tangents = tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items()))
     artifacts.backward_mutated_inputs = tuple(joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()))
@@ -489,6 +488,10 @@ def _compile_training(
             partition, fake, meta, cfg, artifacts.stale_tangents, artifacts.backward_mutated_inputs
         )
     return subclass_training_call(partition, fake, meta, cfg, subclasses, artifacts.stale_tangents)
+
+
+def _name(fn: Any) -> str:
+    return str(getattr(fn, "__name__", None) or type(fn).__name__)
 
 
 def _mark_runtime_mutated_primals(
