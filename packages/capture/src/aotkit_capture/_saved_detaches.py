@@ -156,6 +156,34 @@ def last_computed(graph: torch.fx.Graph) -> torch.fx.Node | None:
 # traces record where the forward ended and tag the same way (``tag_forward_and_backward``),
 # so that a node made by the forward after its last output-producing op (the detach of a
 # saved output, a kept input mutation) stays in the forward graph, as in torch's.
+# Where the forward ended is recorded as the nodes made so far (``nodes_made_so_far``), not
+# as the last of them: make_fx's dead-code elimination drops unused size arithmetic, and
+# under dynamic shapes the forward's last node is often such a node (``ne`` of a size
+# guard). The end is the last node made by the forward that survived (``forward_end``).
+# Resolving a dropped node instead tagged the whole backward ``is_forward``, and the
+# default partitioner then ran the backward's tangent-free nodes (``t(t_1)``, the transpose
+# of a Linear weight's transpose) in the forward and saved their results, where torch's
+# saves the forward's own ``t`` values.
+
+
+def nodes_made_so_far() -> list[torch.fx.Node]:
+    """The nodes of the graph make_fx is building, in order: a mark of where tracing is,
+    read after tracing with ``forward_end``. See Note [Forward and backward tags]."""
+    mode = get_proxy_mode()
+    assert mode is not None, "called inside make_fx"
+    return list(mode.tracer.graph.nodes)
+
+
+def forward_end(graph: torch.fx.Graph, made: Sequence[torch.fx.Node]) -> torch.fx.Node:
+    """The last non-placeholder node of ``made`` that is still in ``graph`` (the first node
+    of ``graph`` when there is none: a forward that ran no op returns its inputs).
+    See Note [Forward and backward tags]."""
+    alive = set(graph.nodes)
+    for n in reversed(made):
+        if n.op != "placeholder" and n in alive:
+            return n
+    first: torch.fx.Node = next(iter(graph.nodes))
+    return first
 
 
 def tag_forward_and_backward(graph: torch.fx.Graph, forward_end: torch.fx.Node) -> None:

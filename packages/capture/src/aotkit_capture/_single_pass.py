@@ -81,7 +81,9 @@ from ._grad_mode_kernels import joint_kernel_choices
 from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
     SavedOutputRecorder,
+    forward_end,
     match_python_mode_graph,
+    nodes_made_so_far,
     tag_forward_and_backward,
 )
 from ._trace import (
@@ -337,7 +339,7 @@ def trace_single_pass(
             tangents = _tangent_placeholders([outs[j] for j in positions])
             f_tangents = [to_native_functional(t) for t in tangents]
             writes_after_forward = [mutation_count(fp) for fp in f_primals]
-            found["forward_end"] = last_graph_node()
+            found["forward_made"] = nodes_made_so_far()
             # See Note [Detach nodes of saved outputs]
             saved_outputs.watch([outs[j] for j in positions])
             try:
@@ -392,7 +394,7 @@ def trace_single_pass(
     replay_rng_inplace(gm)  # See Note [RNG replay keys]
     tangents: list[torch.Tensor] = found["tangents"]
     # See Note [Forward and backward tags]
-    end = found["forward_end"]
+    end = forward_end(gm.graph, found["forward_made"])
     if found["n_kept"]:
         end = move_kept_mutations(gm, end, found["n_kept"])
     tag_forward_and_backward(gm.graph, end)

@@ -57,8 +57,10 @@ from ._node_meta import backward_node_meta
 from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
     SavedOutputRecorder,
+    forward_end,
     last_computed,
     match_python_mode_graph,
+    nodes_made_so_far,
     tag_forward_and_backward,
 )
 from ._subclass import SubclassLayer
@@ -389,7 +391,7 @@ def _trace_joint(
                 returns, _ = _forward_returns(flat_fn, f_primals, meta, for_autograd=True)
                 # See Note [Input mutations kept in the training graph]
                 kept_updates = [unwrap(f_primals[i]) for i in in_graph]
-                forward_end.append(last_graph_node())
+                forward_marks.append(nodes_made_so_far())
                 # See Note [Data mutations in the backward]
                 counts_after_forward = mutation_counts(f_primals)
                 outs_and_tangents = [
@@ -429,7 +431,7 @@ def _trace_joint(
 
     in_graph = meta.mutated_inp_in_graph_indices
     n_tokens = num_tokens(meta)
-    forward_end: list[torch.fx.Node] = []
+    forward_marks: list[list[torch.fx.Node]] = []
     bw_mutated_requiring_grad: list[int] = []
     stale_tangents: dict[int, str] = {}
     saved_outputs = SavedOutputRecorder()
@@ -447,7 +449,7 @@ def _trace_joint(
     ):
         gm = make_fx(keyed_rng(to_trace), decomposition_table=decompositions)(primals, tangents)
     replay_rng_inplace(gm)  # See Note [RNG replay keys]
-    end = forward_end[0]
+    end = forward_end(gm.graph, forward_marks[0])  # See Note [Forward and backward tags]
     if in_graph:
         # a subclass input is written through each of its inner tensors
         n_kept = (

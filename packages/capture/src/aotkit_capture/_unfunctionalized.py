@@ -35,7 +35,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY, BACKWARD_TAG
 from ._errors import AOTCompileError
-from ._saved_detaches import tag_forward_and_backward
+from ._saved_detaches import forward_end, nodes_made_so_far, tag_forward_and_backward
 
 
 def _check_supported(meta: ViewAndMutationMeta, subclasses: Any) -> None:
@@ -62,16 +62,16 @@ def trace_joint_unfunctionalized(
 ) -> tuple[torch.fx.GraphModule, list[Any]]:
     """The joint ``(primals, tangents) -> (*forward returns, *input grads)`` with the
     program's mutations left in place. See Note [Tracing without functionalization]."""
-    from ._trace import STALE_TANGENTS_KEY, _forward_returns, last_graph_node, primal_grads
+    from ._trace import STALE_TANGENTS_KEY, _forward_returns, primal_grads
 
     _check_supported(meta, subclasses)
-    forward_end: list[torch.fx.Node] = []
+    forward_marks: list[list[torch.fx.Node]] = []
     stale: dict[int, str] = {}
 
     def joint(primals: list[Any], tangents: list[Any]) -> list[Any]:
         with torch.enable_grad():
             returns, _ = _forward_returns(flat_fn, list(primals), meta, for_autograd=True)
-            forward_end.append(last_graph_node())
+            forward_marks.append(nodes_made_so_far())
             outs_and_tangents = [
                 (k, returns[pos], tangents[k])
                 for k, pos in enumerate(meta.tangent_indices)
@@ -85,8 +85,9 @@ def trace_joint_unfunctionalized(
     tangents = list(meta.traced_tangents)
     with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
         gm = make_fx(joint, decomposition_table=decompositions)(primals, tangents)
-    _pin_backward_mutations(forward_end[0])
-    tag_forward_and_backward(gm.graph, forward_end[0])
+    end = forward_end(gm.graph, forward_marks[0])  # See Note [Forward and backward tags]
+    _pin_backward_mutations(end)
+    tag_forward_and_backward(gm.graph, end)
     gm.meta[STALE_TANGENTS_KEY] = stale
     gm.meta[BACKWARD_MUTATED_INPUTS_KEY] = ()
     return gm, [primals, tangents]
