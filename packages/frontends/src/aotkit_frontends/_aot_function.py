@@ -28,6 +28,7 @@ from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig, disk_cache_enabled
 
 from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
+from ._module_attrs import ModuleAttrs
 from ._guards import describe_flat_input, input_key
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
@@ -119,7 +120,10 @@ class CompiledCache:
         self.user_fn: tuple[Callable[..., Any], tuple[Any, ...]] = (fn, ())
         # aot_module: the train/eval flags of every submodule, part of the key (See Note
         # [Training flags in aot_module's key])
-        self.module_modes: Callable[[], tuple[bool, ...]] | None = None
+        # and the values of their plain attributes (See Note [Plain module attributes in
+        # aot_module's key]), named by ``attr_names``
+        self.module_modes: Callable[[], tuple[Any, ...]] | None = None
+        self.attr_names: list[str] = []
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
@@ -162,7 +166,7 @@ class CompiledCache:
                 return entry
         log_recompile(
             self.fn, self.last_key, key, candidates[-1][2].guard if candidates else None,
-            flat_args, len(self.entries),
+            flat_args, len(self.entries), attr_names=self.attr_names,
         )
         entry = self._compile(flat_args, in_spec)
         candidates.append(entry)
@@ -331,8 +335,11 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     cache = compiled._aotkit_cache  # type: ignore[attr-defined]
     cache.user_fn = (mod.forward, (mod,))
     # See Note [Training flags in aot_module's key]
+    # See Note [Plain module attributes in aot_module's key]
     submodules = list(mod.modules())
-    cache.module_modes = lambda: tuple([m.training for m in submodules])
+    attrs = ModuleAttrs(mod)
+    cache.module_modes = lambda: (tuple([m.training for m in submodules]), attrs.values())
+    cache.attr_names = attrs.names
     return AOTModule(mod, compiled, state)
 
 
