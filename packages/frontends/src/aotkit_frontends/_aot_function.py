@@ -28,9 +28,9 @@ from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig, disk_cache_enabled
 
 from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
-from ._module_attrs import ModuleAttrs
 from ._generators import check_no_created_generators, recording_generators
 from ._guards import describe_flat_input, input_key
+from ._module_attrs import ModuleAttrs
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 from ._reparametrize import distinct_slot_names, reparametrized

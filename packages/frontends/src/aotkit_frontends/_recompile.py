@@ -131,18 +131,18 @@ def explain_key_change(
     (old_spec, old, *old_modes), (new_spec, new, *new_modes) = old_key, new_key
     if old_modes != new_modes:
         (old_flags, old_attrs), (new_flags, new_attrs) = old_modes[0], new_modes[0]
-        reasons = []
+        mode_reasons: list[str] = []
         if old_flags != new_flags:
             # See Note [Training flags in aot_module's key]
             flips = sum(a != b for a, b in zip(old_flags, new_flags, strict=True))
-            reasons.append(
+            mode_reasons.append(
                 f"the train/eval mode of {flips} of the module's {len(new_flags)} "
                 "submodules changed (module.train() / module.eval())"
             )
         if old_attrs != new_attrs:
             # See Note [Plain module attributes in aot_module's key]
-            reasons.extend(explain_attr_change(list(attr_names), old_attrs, new_attrs))
-        return reasons
+            mode_reasons.extend(explain_attr_change(list(attr_names), old_attrs, new_attrs))
+        return mode_reasons
     if old_spec != new_spec:
         return [f"the structure of the arguments changed from {old_spec} to {new_spec}"]
     if len(old) != len(new):
