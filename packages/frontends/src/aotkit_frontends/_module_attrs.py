@@ -12,7 +12,9 @@
 # memory_format, and tuples of those (recursively). A changed value misses the cache and
 # compiles again (the ``recompiles`` log names the attribute), a restored value finds its
 # old graph. Attributes are read straight from each submodule's ``__dict__``: one dict
-# lookup per attribute per call, no attribute protocol. Reads are not recorded (a plain
+# lookup per attribute per call, no attribute protocol; when every attribute holds the
+# same object as on the previous call (compared with ``is``, in C) the previous key part
+# is reused, so a steady-state call builds no new tuples. Reads are not recorded (a plain
 # attribute read cannot be intercepted without swapping the module's class), so every
 # plain attribute is checked, read or not; changing one the forward never reads costs a
 # needless recompilation, never a wrong result. An attribute that held a plain value and
@@ -25,6 +27,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -61,16 +64,28 @@ class ModuleAttrs:
                     continue
                 self.names.append(f"{prefix}.{attr}" if prefix else attr)
                 self._slots.append((sub.__dict__, attr))
+        self._last_raw: list[Any] = []
+        self._pinned: list[Any] = []
+        self._last_key: tuple[tuple[Any, ...], tuple[type, ...]] = ((), ())
 
     def values(self) -> tuple[tuple[Any, ...], tuple[type, ...]]:
         """The current values and their types, in ``names`` order (the part of the cache
         key; types too, so ``2`` and ``2.0`` or ``1`` and ``True`` differ)."""
-        vals = [d.get(k, _MISSING) for d, k in self._slots]
+        raw = [d.get(k, _MISSING) for d, k in self._slots]
+        # the common case: every attribute holds the very objects of the previous call
+        if len(raw) == len(self._last_raw) and all(map(operator.is_, raw, self._last_raw)):
+            return self._last_key
+        vals = list(raw)
         types = [type(v) for v in vals]
         for i, t in enumerate(types):
             if t not in _SCALAR_TYPES:
                 vals[i] = _normalize(vals[i])
-        return tuple(vals), tuple(types)
+                if vals[i] is not raw[i] and t is not tuple:
+                    # keyed by id: keep it alive so no later object reuses the id
+                    self._pinned.append(raw[i])
+        self._last_raw = raw
+        self._last_key = (tuple(vals), tuple(types))
+        return self._last_key
 
 
 def _normalize(v: Any) -> Any:
