@@ -28,7 +28,9 @@ from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig, disk_cache_enabled
 
 from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
+from ._generators import check_no_created_generators, recording_generators
 from ._guards import describe_flat_input, input_key
+from ._module_attrs import ModuleAttrs
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 from ._reparametrize import distinct_slot_names, reparametrized
@@ -119,7 +121,10 @@ class CompiledCache:
         self.user_fn: tuple[Callable[..., Any], tuple[Any, ...]] = (fn, ())
         # aot_module: the train/eval flags of every submodule, part of the key (See Note
         # [Training flags in aot_module's key])
-        self.module_modes: Callable[[], tuple[bool, ...]] | None = None
+        # and the values of their plain attributes (See Note [Plain module attributes in
+        # aot_module's key]), named by ``attr_names``
+        self.module_modes: Callable[[], tuple[Any, ...]] | None = None
+        self.attr_names: list[str] = []
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
@@ -162,7 +167,7 @@ class CompiledCache:
                 return entry
         log_recompile(
             self.fn, self.last_key, key, candidates[-1][2].guard if candidates else None,
-            flat_args, len(self.entries),
+            flat_args, len(self.entries), attr_names=self.attr_names,
         )
         entry = self._compile(flat_args, in_spec)
         candidates.append(entry)
@@ -179,9 +184,15 @@ class CompiledCache:
         # disk_cache_config says so, and then only with compilers that offer cache keys
         identity = fingerprint_or_none(self.fn) if disk_cache_enabled(default=False) else None
         try:
-            runner, artifacts = compile_flat(
-                flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
-            )
+            # See Note [Generators created while tracing]
+            with recording_generators() as created:
+                runner, artifacts = compile_flat(
+                    flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
+                )
+            check_no_created_generators(created, (
+                artifacts.fw_module, artifacts.bw_module, artifacts.inference_module,
+                artifacts.joint_module,
+            ))
         except (AssertionError, RuntimeError) as e:
             if not is_captured_tensor_error(e):
                 raise
@@ -331,8 +342,11 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     cache = compiled._aotkit_cache  # type: ignore[attr-defined]
     cache.user_fn = (mod.forward, (mod,))
     # See Note [Training flags in aot_module's key]
+    # See Note [Plain module attributes in aot_module's key]
     submodules = list(mod.modules())
-    cache.module_modes = lambda: tuple([m.training for m in submodules])
+    attrs = ModuleAttrs(mod)
+    cache.module_modes = lambda: (tuple([m.training for m in submodules]), attrs.values())
+    cache.attr_names = attrs.names
     return AOTModule(mod, compiled, state)
 
 

@@ -26,6 +26,8 @@ import torch
 from aotkit_capture import AMBIENT_FIELDS
 from aotkit_schemas import artifact_enabled, log_artifact
 
+from ._module_attrs import explain_attr_change
+
 # field names of a per-input tensor part, by its length (see input_key in _guards)
 _TENSOR_FIELDS: dict[int, tuple[str, ...]] = {
     7: ("dtype", "device", "layout", "sizes", "strides", "requires_grad", "storage_offset"),
@@ -118,19 +120,29 @@ def _aliasing(old: Any, new: Any) -> str:
 
 
 def explain_key_change(
-    old_key: tuple[Any, ...], new_key: tuple[Any, ...], num_inputs: int
+    old_key: tuple[Any, ...],
+    new_key: tuple[Any, ...],
+    num_inputs: int,
+    attr_names: Sequence[str] = (),
 ) -> list[str]:
-    """The differences between two cache keys ``(in_spec, parts)`` (aot_module's add the
-    submodules' training flags), one sentence each.
-    See Note [Recompile reasons]."""
+    """The differences between two cache keys ``(in_spec, parts)`` (aot_module's add
+    ``(training flags, plain attribute values)`` of its submodules, named by
+    ``attr_names``), one sentence each. See Note [Recompile reasons]."""
     (old_spec, old, *old_modes), (new_spec, new, *new_modes) = old_key, new_key
     if old_modes != new_modes:
-        # See Note [Training flags in aot_module's key]
-        flips = sum(a != b for a, b in zip(old_modes[0], new_modes[0], strict=True))
-        return [
-            f"the train/eval mode of {flips} of the module's {len(new_modes[0])} submodules "
-            "changed (module.train() / module.eval())"
-        ]
+        (old_flags, old_attrs), (new_flags, new_attrs) = old_modes[0], new_modes[0]
+        mode_reasons: list[str] = []
+        if old_flags != new_flags:
+            # See Note [Training flags in aot_module's key]
+            flips = sum(a != b for a, b in zip(old_flags, new_flags, strict=True))
+            mode_reasons.append(
+                f"the train/eval mode of {flips} of the module's {len(new_flags)} "
+                "submodules changed (module.train() / module.eval())"
+            )
+        if old_attrs != new_attrs:
+            # See Note [Plain module attributes in aot_module's key]
+            mode_reasons.extend(explain_attr_change(list(attr_names), old_attrs, new_attrs))
+        return mode_reasons
     if old_spec != new_spec:
         return [f"the structure of the arguments changed from {old_spec} to {new_spec}"]
     if len(old) != len(new):
@@ -190,6 +202,8 @@ def log_recompile(
     guard: Any,
     flat_args: Sequence[Any],
     num_compiled: int,
+    *,
+    attr_names: Sequence[str] = (),
 ) -> None:
     """Log why ``fn`` compiles again, on the ``recompiles`` artifact. ``guard`` is the
     ShapeGuard of the newest entry for ``key`` when one exists (its guards failed),
@@ -203,7 +217,7 @@ def log_recompile(
         reasons = explain_guard_failures(guard.failures(flat_args), guard.positions, compiled)
         reasons = reasons or ["the newest entry's shape guards failed"]
     elif last_key is not None:
-        reasons = explain_key_change(last_key, key, len(flat_args))
+        reasons = explain_key_change(last_key, key, len(flat_args), attr_names)
     else:
         reasons = ["no compiled entry matches"]
     name = getattr(fn, "__qualname__", None) or repr(fn)
