@@ -17,19 +17,8 @@ import functorch.compile as torch_compile
 import pytest
 import torch
 import torch.nn.functional as F
+from _autograd_functions import SaveInput
 from torch._dynamo.backends.common import aot_autograd as torch_aot_autograd
-
-
-class _SaveInput(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, gx: torch.Tensor) -> torch.Tensor:
-        (saved,) = ctx.saved_tensors
-        return gx + saved
 
 
 class _TwoLinear(torch.nn.Module):
@@ -44,7 +33,7 @@ class _TwoLinear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.custom:
-            x = _SaveInput.apply(x)
+            x = SaveInput.apply(x)
         x = x.to(dtype=torch.float32)
         return self.fc2(self.relu(self.fc1(x)))
 

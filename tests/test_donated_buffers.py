@@ -12,23 +12,12 @@ from typing import Any
 
 import pytest
 import torch
+from _autograd_functions import SaveInput
 from aotkit import aot_function, nop
 from aotkit_capture import record_compilations
 from aotkit_partitioners import default_partition, min_cut_rematerialization_partition
 
 LOGGER = "torch._functorch._aot_autograd.graph_compile"
-
-
-class SaveInput(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, gx: torch.Tensor) -> torch.Tensor:
-        (saved,) = ctx.saved_tensors
-        return gx + saved
 
 
 def mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
@@ -112,7 +101,11 @@ def _torch(fn: Callable[..., Any], partition: str) -> Callable[..., Any]:
 # everywhere and min-cut where both save the same
 @pytest.mark.parametrize(
     ("name", "partition"),
-    [*((n, "default") for n in PROGRAMS), ("mlp", "min_cut"), ("saves_input_and_output", "min_cut")],
+    [
+        *((n, "default") for n in PROGRAMS),
+        ("mlp", "min_cut"),
+        ("saves_input_and_output", "min_cut"),
+    ],
 )
 def test_bw_donated_idxs_match_torch(name: str, partition: str, captured: list[str]) -> None:
     fn = PROGRAMS[name]
@@ -144,8 +137,11 @@ def test_retain_graph_still_allowed_with_donated_buffers() -> None:
     (torch raises here, for Inductor's in-place reuse)."""
     f = aot_function(mlp, nop)
     torch.manual_seed(0)
-    args = [torch.randn(4, 3, requires_grad=True), torch.randn(3, 3, requires_grad=True),
-            torch.randn(3, 2, requires_grad=True)]
+    args = [
+        torch.randn(4, 3, requires_grad=True),
+        torch.randn(3, 3, requires_grad=True),
+        torch.randn(3, 2, requires_grad=True),
+    ]
     out = f(*args)
     out.sum().backward(retain_graph=True)
     out.sum().backward()

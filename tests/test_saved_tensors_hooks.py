@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 import torch._functorch.config as functorch_config
+from _autograd_functions import SaveInput
 from aotkit import (
     aot_function,
     aot_module_simplified,
@@ -127,18 +128,6 @@ def to_gm(pack: Callable[..., Any], unpack: Callable[..., Any]) -> tuple[Any, An
     return torch.fx.symbolic_trace(pack), torch.fx.symbolic_trace(unpack)
 
 
-class SAF(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
-        ctx.save_for_backward(x)
-        return x
-
-    @staticmethod
-    def backward(ctx: Any, gx: torch.Tensor) -> torch.Tensor:
-        (saved,) = ctx.saved_tensors
-        return gx + saved
-
-
 def mlp(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     y = (x @ w).relu()
     return (y.sin() * 2).cos()
@@ -146,7 +135,7 @@ def mlp(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 def saf_relu(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     x0 = x
-    y = SAF.apply(x)
+    y = SaveInput.apply(x)
     return x0, torch.nn.functional.relu(y)
 
 
@@ -198,8 +187,13 @@ def _eager(fn: Callable[..., Any], hooks: tuple[Any, Any]) -> tuple[Any, list[An
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize(
-    "pair", [(pack_bf16, unpack_bf16), (pack_fp8, unpack_fp8), (pack_mul2, unpack_mul2),
-             (pack_list, unpack_list)],
+    "pair",
+    [
+        (pack_bf16, unpack_bf16),
+        (pack_fp8, unpack_fp8),
+        (pack_mul2, unpack_mul2),
+        (pack_list, unpack_list),
+    ],
     ids=["bf16", "fp8", "mul2", "list"],
 )
 def test_graph_hooks_match_torch_and_eager(mode: str, pair: Any) -> None:
@@ -396,7 +390,12 @@ def test_recompiles_when_graph_hooks_change() -> None:
     python_hooks = (lambda t: t * 4, lambda t: t / 4)
     with _mode("all"):
         for hooks, n_entries in (
-            (None, 1), (bf16, 2), (mul2, 3), (bf16, 3), (None, 3), (python_hooks, 3),
+            (None, 1),
+            (bf16, 2),
+            (mul2, 3),
+            (bf16, 3),
+            (None, 3),
+            (python_hooks, 3),
         ):
             out, grad = call(hooks)
             ref_out, ref_grad = eager(hooks)
@@ -455,8 +454,12 @@ def test_torch_compile_donated_idxs_after_inlining(caplog: pytest.LogCaptureFixt
             inp = torch.rand([3, 3], generator=torch.Generator().manual_seed(0))
             inp.requires_grad_()
             caplog.clear()
-            with functorch_config.patch(donated_buffer=True), _mode("no_static"), ctx, \
-                    caplog.at_level(logging.INFO, logger=logger):
+            with (
+                functorch_config.patch(donated_buffer=True),
+                _mode("no_static"),
+                ctx,
+                caplog.at_level(logging.INFO, logger=logger),
+            ):
                 out = torch.compile(saf_relu, backend=backend, fullgraph=True, dynamic=False)(inp)
                 out[1].sum().backward()
             lines[f"{backend}/{case}"] = [
@@ -594,8 +597,9 @@ def test_torch_compile_recompiles_when_graph_hooks_change() -> None:
                 e_outs, e_grads = [ref.detach()], [a.grad for a in e_args]
             else:
                 e_outs, e_grads = _eager(mlp, hooks)
-            for a, e in zip([out.detach(), *(a.grad for a in args)], [*e_outs, *e_grads],
-                            strict=True):
+            for a, e in zip(
+                [out.detach(), *(a.grad for a in args)], [*e_outs, *e_grads], strict=True
+            ):
                 torch.testing.assert_close(a, e, atol=1e-2, rtol=1e-2)
             assert counter.frame_count == frames, hooks
     torch._dynamo.reset()
