@@ -89,3 +89,16 @@ def test_generators_built_outside_a_compile_are_plain() -> None:
     g = torch.Generator()
     assert type(g) is torch._C.Generator
     assert isinstance(g, torch.Generator)
+
+
+def test_a_compile_nested_in_a_traced_function_does_not_deadlock() -> None:
+    # torch's test_compilation_context shape: an aot_function called inside the function
+    # another aot_function traces. The generator recording is entered twice on one thread;
+    # it held a non-reentrant lock for the whole compile and hung here.
+    from aotkit_frontends import _generators
+
+    inner = aot_function(lambda x: x.sin(), nop)
+    outer = aot_function(lambda x: inner(x).cos(), nop)
+    x = torch.randn(3)
+    torch.testing.assert_close(outer(x), x.sin().cos())
+    assert torch.Generator is _generators._ORIGINAL and _generators._DEPTH == [0]

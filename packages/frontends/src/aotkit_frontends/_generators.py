@@ -39,6 +39,7 @@ GENERATOR_CREATED_MESSAGE = (
     "generator with `torch.manual_seed(...)` and drop the `generator=` argument."
 )
 _LOCK = threading.Lock()
+_DEPTH = [0]  # compiles inside recording_generators, all threads
 _ORIGINAL = torch.Generator
 
 
@@ -65,15 +66,20 @@ def recording_generators() -> Iterator[list[torch.Generator]]:
             super().__init__(*args, **kwargs)
             created.append(self)
 
+    # the lock guards the swap only, never the body: a compile nested in a traced function
+    # (an aot_function called inside another) enters here again on the same thread
     with _LOCK:
-        if torch.Generator is not _ORIGINAL:  # a nested compile: the outer one records
-            yield created
-            return
-        torch.Generator = _Recording  # type: ignore[misc]
-        try:
-            yield created
-        finally:
-            torch.Generator = _ORIGINAL  # type: ignore[misc]
+        if _DEPTH[0] == 0:
+            torch.Generator = _Recording  # type: ignore[misc]
+        # else: a nested or concurrent compile; the outermost one records
+        _DEPTH[0] += 1
+    try:
+        yield created
+    finally:
+        with _LOCK:
+            _DEPTH[0] -= 1
+            if _DEPTH[0] == 0:
+                torch.Generator = _ORIGINAL  # type: ignore[misc]
 
 
 def _same_generator(a: torch.Generator, b: torch.Generator) -> bool:
