@@ -35,6 +35,7 @@ _CORPUS_MODULES = (
     "corpus.mutations",
     "corpus.aliased_inputs",
     "corpus.layouts",
+    "corpus.fresh_tensors",
 )
 
 

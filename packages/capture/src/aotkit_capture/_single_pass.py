@@ -29,7 +29,8 @@
 #   * an op the Python mode treats differently (custom ops, HOPs, native_batch_norm, ...),
 #     seen by a dispatch mode under the Functionalize key, or left in the graph;
 #   * an in-place op on a tensor whose elements overlap (an expanded view): eager raises,
-#     functionalization would not;
+#     functionalization would not; an out= op (See Note [out= keeps the out tensor's
+#     layout] in aotkit_functional);
 #   * an input mutated other than in its data, or one that requires grad (the two-pass
 #     flow's clone-before-mutate), any output that is a view, an input, a repeat of another
 #     output or shares another tensor's storage;
@@ -129,8 +130,8 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
 
 class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
     """One torch-function layer for the single pass (See Note [Single-pass joint trace]):
-    * stops at an in-place call (``x.add_``, ``x += y``, ``out=``, ``x[i] = v``) that
-      writes to a tensor whose elements share memory;
+    * stops at an in-place call (``x.add_``, ``x += y``, ``x[i] = v``) that writes to a
+      tensor whose elements share memory, and at every ``out=`` call;
     * runs ``F.batch_norm`` and ``torch.batch_norm`` as the ``_native_batch_norm_legit``
       op family, whose schemas declare the running-stat writes."""
 
@@ -169,9 +170,10 @@ class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
         targets: list[Any] = []
         if writes and args:
             targets.append(args[0])
-        if "out" in kwargs:
-            out = kwargs["out"]
-            targets.extend(out if isinstance(out, (tuple, list)) else (out,))
+        if "out" in kwargs and kwargs["out"] is not None:
+            # See Note [out= keeps the out tensor's layout] in aotkit_functional: only
+            # the Python mode keeps the out tensor's eager layout
+            raise NotSinglePass("an out= op")
         for t in targets:
             if isinstance(t, torch.Tensor) and overlaps_itself(t):
                 raise NotSinglePass("an in-place write to overlapping memory")

@@ -77,6 +77,8 @@ def needs_python_functionalization(func: Any) -> bool:
         return True  # custom ops (auto_functionalize, effects), HOPs, TorchBind
     if has_effects(func):
         return True  # aten._print, aten._linalg_check_errors: threaded with effect tokens
+    if torch._library.utils.is_out(func):
+        return True  # See Note [out= keeps the out tensor's layout]
     # the Python mode decomposes these with their Python kernel (e.g. native_batch_norm,
     # whose schema hides that it writes the running stats)
     return torch._C.DispatchKey.CompositeImplicitAutograd in func.py_kernels

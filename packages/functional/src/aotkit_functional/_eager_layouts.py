@@ -23,6 +23,19 @@
 # layout before any mode sees it), which the trace cannot reproduce; the error names the
 # fix. In-place view ops (``t_``, ``transpose_``, ...) update the shadow the same way.
 # Symbolic sizes or strides skip the check (comparing them would add guards).
+#
+# Note [out= keeps the out tensor's layout]
+# Eager's ``torch.mul(x, 2, out=r)`` with an ``r`` of the right size writes into ``r``'s
+# memory, so ``r`` (and the base it views) keep their strides. Functionalization replaces
+# the out= op by the functional op (``mul``), whose result is laid out like its inputs,
+# and makes that the new value of ``r``: a transposed ``r`` (strides (1, 2)) came back
+# with strides (3, 1), and its base with the transpose of its eager layout. For every
+# tensor an out= op writes whose size the op did not change, ``EagerLayoutMode`` compares
+# the new value's strides with eager's (the shadow's); when they differ it copies the
+# value into a tensor with eager's strides (``empty_strided`` + functional ``copy``, the
+# same nodes as ``r.copy_(...)`` gives) and makes that the value, so the view's base is
+# updated from eager's layout too. An out= op that resizes its output (eager then lays it
+# out as the op does) is left alone.
 """
 
 from __future__ import annotations
@@ -138,6 +151,8 @@ class EagerLayoutMode(FunctionalTensorMode):  # type: ignore[no-untyped-call]
                     f"mode <{FunctionalTensorMode.__module__}.FunctionalTensorMode object>."
                 )
             return rule(self, *args, **kwargs)
+        if torch._library.utils.is_out(func):
+            return self._out_op(func, types, args, kwargs)
         src = args[0] if args else None
         if not isinstance(src, FunctionalTensor) or not (
             func.is_view or torch.Tag.inplace_view in func.tags
@@ -164,3 +179,49 @@ class EagerLayoutMode(FunctionalTensorMode):  # type: ignore[no-untyped-call]
                 if isinstance(o, FunctionalTensor) and isinstance(s, torch.Tensor):
                     self._shadows[o] = s
         return out
+
+    def _out_op(
+        self,
+        func: torch._ops.OpOverload,
+        types: Sequence[type],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        """An out= op that keeps each out tensor's eager layout.
+
+        See Note [out= keeps the out tensor's layout].
+        """
+        outs: list[tuple[FunctionalTensor, torch.Tensor | None]] = []
+        for arg in func._schema.arguments:
+            if not arg.is_out or arg.name not in kwargs:
+                continue
+            value = kwargs[arg.name]
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, FunctionalTensor):
+                    try:
+                        outs.append((t, self._shadow(t)))
+                    except Exception:  # noqa: BLE001 - no meta layout: nothing to keep
+                        outs.append((t, None))
+        result = super().__torch_dispatch__(func, types, args, kwargs)
+        for t, eager in outs:
+            if eager is None:
+                continue
+            torch._sync(t)  # type: ignore[attr-defined]
+            value = torch._from_functional_tensor(t.elem)  # type: ignore[attr-defined]
+            if value.size() != eager.size() or not _static(value.stride()):
+                self._shadows.pop(t, None)  # type: ignore[no-untyped-call]
+                continue  # resized by the op: eager lays it out as the op does
+            if value.stride() == eager.stride():
+                continue
+            # the ops below run on the plain values, under the modes beneath this one
+            # (make_fx records them), as the functional kernels of copy_ do
+            fixed = torch.ops.aten.copy.default(
+                torch.ops.aten.empty_strided.default(
+                    eager.size(), eager.stride(), dtype=value.dtype, device=value.device
+                ),
+                value,
+            )
+            torch._functionalize_replace(t.elem, fixed)  # type: ignore[attr-defined]
+            torch._functionalize_commit_update(t.elem)  # type: ignore[attr-defined]
+            torch._functionalize_sync(t.elem)  # type: ignore[attr-defined]
+        return result

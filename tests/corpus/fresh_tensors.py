@@ -1,0 +1,55 @@
+"""Tensors made inside the function: out= into fresh views, leaves, views under no_grad.
+
+Each program once gave a different result through aotkit than in eager (issue 13, "still
+diverge"); the harness compares layouts, flags and gradients (Note [What the differential
+harness compares]).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from corpus import TorchDiffers, case_registrar, rand
+
+case = case_registrar("mutation")
+
+_OUT_LAYOUT = TorchDiffers(
+    "torch's functionalization gives an out= result the functional op's layout, not the "
+    "out tensor's (See Note [out= keeps the out tensor's layout] in aotkit_functional)"
+)
+
+
+@case(inputs=lambda: (rand(2, 3),), torch_differs=_OUT_LAYOUT)
+def out_into_transposed_fresh(x):
+    r = torch.empty(3, 2).t()
+    torch.mul(x, 2, out=r)
+    return r
+
+
+@case(inputs=lambda: (rand(2, 3, grad=True),), torch_differs=_OUT_LAYOUT)
+def out_into_transposed_fresh_training(x):
+    r = torch.empty(3, 2).t()
+    torch.mul(x.detach(), 2, out=r)
+    return r, x.sin() * r
+
+
+@case(inputs=lambda: (rand(2, 3),), torch_differs=_OUT_LAYOUT)
+def out_into_transposed_fresh_base_returned(x):
+    base = torch.zeros(3, 2)
+    torch.add(x, 1, out=base.t())
+    return base, base.t()
+
+
+@case(inputs=lambda: (rand(3, 4),))
+def out_tuple_into_strided_fresh(x):
+    values = torch.empty(3, 2)[:, 0]
+    indices = torch.empty(3, 2, dtype=torch.long)[:, 1]
+    torch.max(x, 1, out=(values, indices))
+    return values, indices
+
+
+@case(inputs=lambda: (rand(2, 3),))
+def out_resized_keeps_the_op_layout(x):
+    r = torch.empty(0)
+    torch.mul(x.t(), 2, out=r)
+    return r
