@@ -35,8 +35,12 @@ VIEW_OPS = (
 # two views of one value (appended together, so that outputs often alias each other)
 FORK_OPS = ("fork",)
 FORK_VIEWS = ("reshape", "transpose", "slice", "select", "unsqueeze", "diagonal", "view_as")
-INPLACE_OPS = ("add_", "mul_", "copy_", "zero_", "clamp_")
-POINTWISE_OPS = ("sin", "mul2", "add_other", "neg")
+# ``out_``: an out= op writing into the value (See Note [out= keeps the out tensor's
+# layout] in aotkit_functional)
+INPLACE_OPS = ("add_", "mul_", "copy_", "zero_", "clamp_", "out_")
+# ``fresh_t``: a fresh tensor laid out transposed (or stepped) that ``copy_`` fills;
+# ``out_fresh``: the same fresh tensor written by an out= op
+POINTWISE_OPS = ("sin", "mul2", "add_other", "neg", "fresh_t", "out_fresh")
 INPUT_KINDS = ("plain", "grad_leaf", "grad_nonleaf")
 # the first input: mostly differentiable, so that most programs trace a joint graph
 FIRST_INPUT_KINDS = ("plain", "grad_leaf", "grad_nonleaf", "grad_nonleaf", "grad_nonleaf")
@@ -232,6 +236,12 @@ def run_program(program: Program, args: Sequence[torch.Tensor]) -> tuple[torch.T
             values.append(-t)
         elif step.op == "add_other":
             values.append(t + other.mean())
+        elif step.op == "fresh_t":
+            values.append(_fresh_laid_out(t, p).copy_(t))
+        elif step.op == "out_fresh":
+            fresh = _fresh_laid_out(t, p)
+            torch.mul(t.detach() if _p(p, 1) % 2 else t, 2, out=fresh)
+            values.append(fresh)
         elif step.op == "add_":
             t.add_(other.mean() if _p(p, 0) % 2 else 1.5)
         elif step.op == "mul_":
@@ -245,9 +255,25 @@ def run_program(program: Program, args: Sequence[torch.Tensor]) -> tuple[torch.T
                 t.zero_()
         elif step.op == "clamp_":
             t.clamp_(-0.5, 0.5)
+        elif step.op == "out_":
+            # eager raises when an argument (or ``t``) requires grad
+            src = t.detach() if _p(p, 0) % 2 else t
+            torch.add(src, other.mean() if _p(p, 1) % 2 else 1.5, out=t)
         else:
             raise ValueError(step.op)
     return tuple(pick(values, o) for o in program.outputs)
+
+
+def _fresh_laid_out(t: torch.Tensor, params: Sequence[int]) -> torch.Tensor:
+    """An uninitialized fresh tensor of ``t``'s shape and dtype that is not contiguous:
+    transposed (dimensions reversed) or every other element of a larger one."""
+    shape = tuple(t.shape)
+    if _p(params, 2) % 2 and t.dim() >= 2:
+        perm = tuple(reversed(range(t.dim())))
+        return torch.empty(tuple(reversed(shape)), dtype=t.dtype).permute(perm)
+    if t.dim() == 0:
+        return torch.empty(2, dtype=t.dtype)[0]
+    return torch.empty((*shape[:-1], 2 * shape[-1]), dtype=t.dtype)[..., ::2]
 
 
 def _laid_out(shape: tuple[int, ...], layout: str, kind: str) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from corpus import TorchDiffers, case_registrar, rand
+from corpus import TorchDiffers, case_registrar, nonleaf, rand
 
 case = case_registrar("mutation")
 
@@ -53,3 +53,44 @@ def out_resized_keeps_the_op_layout(x):
     r = torch.empty(0)
     torch.mul(x.t(), 2, out=r)
     return r
+
+
+# ---- a view taken with grad mode on from a view made under no_grad ---------------------
+# See Note [Views of inputs made under no_grad] in aotkit_runtime: eager's view has a
+# grad_fn that reaches nothing (no gradient into ``x``) and CreationMeta NO_GRAD_MODE.
+
+_GRAD_THROUGH_NO_GRAD_VIEW = TorchDiffers(
+    "torch replays the view chain with grad mode on: the view carries gradient into its base "
+    "and takes in-place ops"
+)
+
+
+@case(inputs=lambda: (rand(4, grad=True),), torch_differs=_GRAD_THROUGH_NO_GRAD_VIEW)
+def grad_view_of_no_grad_view_of_input(x):
+    with torch.no_grad():
+        v = x[1:]
+    return v.view(-1), x * 2
+
+
+@case(inputs=lambda: (rand(3, 4, grad=True),), torch_differs=_GRAD_THROUGH_NO_GRAD_VIEW)
+def grad_view_of_no_grad_view_of_intermediate(x):
+    y = x.sin()
+    with torch.no_grad():
+        v = y.t()
+    return v[1:], y
+
+
+def _mul_first_output(outs, args):
+    outs[0].mul_(2)
+
+
+@case(
+    inputs=lambda: (nonleaf(4),),
+    torch_differs=_GRAD_THROUGH_NO_GRAD_VIEW,
+    after=_mul_first_output,
+    eager_raises=True,
+)
+def in_place_on_grad_view_of_no_grad_view(x):
+    with torch.no_grad():
+        v = x[1:]
+    return v.view(-1), x * 2

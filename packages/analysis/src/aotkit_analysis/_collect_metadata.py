@@ -53,6 +53,16 @@ def _is_custom_function_output(t: torch.Tensor) -> bool:
     )
 
 
+def _made_from_a_no_grad_view(t: torch.Tensor) -> bool:
+    """A view whose autograd CreationMeta is NO_GRAD_MODE (it, or a view it was taken
+    from, was made under no_grad). See Note [Views of inputs made under no_grad] in
+    aotkit_runtime."""
+    if not t._is_view():
+        return False
+    meta = torch._C._autograd._get_creation_meta(t)  # type: ignore[attr-defined]
+    return bool(meta == torch._C._autograd.CreationMeta.NO_GRAD_MODE)  # type: ignore[attr-defined]
+
+
 def _dynamic_dims(t: torch.Tensor) -> frozenset[int]:
     return frozenset(i for i, s in enumerate(t.shape) if not isinstance(s, int))
 
@@ -483,6 +493,9 @@ def _classify_outputs(
                 dynamic_dims=_dynamic_dims(o),
                 requires_grad=requires_grad,
                 requires_grad_for_backward=requires_grad and (o._base is None or grad_fn is not None),
+                grad_view_of_no_grad_view=requires_grad
+                and grad_fn is not None
+                and _made_from_a_no_grad_view(o),
             )
         )
     return infos, bases

@@ -24,9 +24,13 @@
 # grad_fn: ``requires_grad_for_backward`` is False), so such an alias (of an input, or of
 # an intermediate regenerated from its base) is regenerated under no_grad too.
 # Regenerated with grad mode on it had a ViewBackward and gradients flowed into ``x``
-# where eager raises (torch's AOTAutograd does that). Not covered: a view made with grad
-# on *from* such a view (``v[0]``) has a grad_fn in eager that stops at ``v``; aotkit
-# replays the whole chain with grad on, so ``x`` gets that gradient too (as in torch).
+# where eager raises (torch's AOTAutograd does that). A view made with grad on *from*
+# such a view (``w = v.view(-1)``) has, in eager, a grad_fn whose graph stops at ``v``
+# (no gradient reaches ``x``) and autograd's CreationMeta NO_GRAD_MODE (an in-place op on
+# it raises). Replayed with grad on, ``x`` got its gradient (torch's AOTAutograd does
+# that). The trace records it (``grad_view_of_no_grad_view``): the chain is replayed
+# under no_grad and one ``view`` of the whole is taken with grad on, which gives eager's
+# flags, a grad_fn that reaches nothing, and the propagated CreationMeta.
 """
 
 from __future__ import annotations
@@ -135,7 +139,8 @@ def make_epilogue(
         (j, info.output_type, info.base_idx, info.requires_grad, relative_offsets[j],
          info.view_meta_sequence,
          # See Note [Views of inputs made under no_grad]
-         info.requires_grad and not info.requires_grad_for_backward)
+         info.requires_grad and not info.requires_grad_for_backward,
+         info.grad_view_of_no_grad_view)
         for j, info in enumerate(meta.output_info)
         if info.is_regenerated_alias
     ]
@@ -161,7 +166,7 @@ def make_epilogue(
             )
         outs = list(returns[n_mut : n_mut + n_out])
         bases = returns[n_mut + n_out :]
-        for j, kind, base_idx, requires_grad, rel, chain, no_grad_view in plan:
+        for j, kind, base_idx, requires_grad, rel, chain, no_grad_view, of_no_grad in plan:
             assert base_idx is not None
             if kind is OutputType.is_input:
                 outs[j] = args[base_idx]
@@ -172,11 +177,14 @@ def make_epilogue(
                 base = outs[base_idx]
             else:
                 base = bases[base_idx]
-            with torch.no_grad() if no_grad_view else contextlib.nullcontext():
+            with torch.no_grad() if no_grad_view or of_no_grad else contextlib.nullcontext():
                 outs[j] = regenerate_alias(
                     base, outs[j], requires_grad=requires_grad,
                     relative_storage_offset=rel, view_chain=chain,
                 )
+            if of_no_grad:
+                # See Note [Views of inputs made under no_grad]
+                outs[j] = outs[j].view(outs[j].shape)
         if grad_mode_after is not None:
             torch.set_grad_enabled(grad_mode_after)
         return outs

@@ -157,6 +157,11 @@ class OutputAliasInfo:
     requires_grad: bool
     # requires_grad and the output's backward is traced (not a detached view).
     requires_grad_for_backward: bool = False
+    # A view taken with grad mode on from a view made under no_grad (autograd's
+    # CreationMeta NO_GRAD_MODE, propagated): it has a grad_fn whose graph ends at the
+    # no_grad view, so no gradient reaches its base, and an in-place op on it raises.
+    # See Note [Views of inputs made under no_grad] in aotkit_runtime.
+    grad_view_of_no_grad_view: bool = False
     # alias_of_input only: functionalization's recorded view chain from the input as passed
     # (before any in-place view of it) to this output (torch._C._functionalization ViewMeta
     # list), replayed on the runtime input; None when unavailable (symbolic view arguments).
@@ -175,6 +180,8 @@ class OutputAliasInfo:
             raise ValueError(f"{self.output_type.name} outputs carry no base_idx")
         if self.requires_grad_for_backward and not self.requires_grad:
             raise ValueError("requires_grad_for_backward implies requires_grad")
+        if self.grad_view_of_no_grad_view and not self.requires_grad_for_backward:
+            raise ValueError("grad_view_of_no_grad_view implies requires_grad_for_backward")
 
     @property
     def is_regenerated_alias(self) -> bool:

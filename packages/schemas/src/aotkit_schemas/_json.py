@@ -139,6 +139,7 @@ def output_info_to_json(info: OutputAliasInfo) -> dict[str, Any]:
         "dynamic_dims": None if info.dynamic_dims is None else sorted(info.dynamic_dims),
         "requires_grad": info.requires_grad,
         "requires_grad_for_backward": info.requires_grad_for_backward,
+        "grad_view_of_no_grad_view": info.grad_view_of_no_grad_view,
     }
 
 
@@ -159,6 +160,9 @@ def output_info_from_json(d: Any) -> OutputAliasInfo:
         requires_grad=_bool(obj.get("requires_grad"), "requires_grad"),
         requires_grad_for_backward=_bool(
             obj.get("requires_grad_for_backward"), "requires_grad_for_backward"
+        ),
+        grad_view_of_no_grad_view=_bool(
+            obj.get("grad_view_of_no_grad_view", False), "grad_view_of_no_grad_view"
         ),
     )
 
