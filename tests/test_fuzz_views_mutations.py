@@ -265,15 +265,16 @@ def run_program(program: Program, args: Sequence[torch.Tensor]) -> tuple[torch.T
 
 
 def _fresh_laid_out(t: torch.Tensor, params: Sequence[int]) -> torch.Tensor:
-    """An uninitialized fresh tensor of ``t``'s shape and dtype that is not contiguous:
-    transposed (dimensions reversed) or every other element of a larger one."""
+    """A fresh zero tensor of ``t``'s shape and dtype that is not contiguous: transposed
+    (dimensions reversed) or every other element of a larger one. Zeros, not
+    ``torch.empty``: the larger tensor may be a graph output, compared by value."""
     shape = tuple(t.shape)
     if _p(params, 2) % 2 and t.dim() >= 2:
         perm = tuple(reversed(range(t.dim())))
-        return torch.empty(tuple(reversed(shape)), dtype=t.dtype).permute(perm)
+        return torch.zeros(tuple(reversed(shape)), dtype=t.dtype).permute(perm)
     if t.dim() == 0:
-        return torch.empty(2, dtype=t.dtype)[0]
-    return torch.empty((*shape[:-1], 2 * shape[-1]), dtype=t.dtype)[..., ::2]
+        return torch.zeros(2, dtype=t.dtype)[0]
+    return torch.zeros((*shape[:-1], 2 * shape[-1]), dtype=t.dtype)[..., ::2]
 
 
 def _laid_out(shape: tuple[int, ...], layout: str, kind: str) -> tuple[torch.Tensor, torch.Tensor]:

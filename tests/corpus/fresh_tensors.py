@@ -94,3 +94,34 @@ def in_place_on_grad_view_of_no_grad_view(x):
     with torch.no_grad():
         v = x[1:]
     return v.view(-1), x * 2
+
+
+# ---- a leaf made inside the function and returned --------------------------------------
+# See Note [Leaves made inside the function] in aotkit_analysis.
+
+_TORCH_FRESH_LEAF = TorchDiffers(
+    "torch returns a leaf made inside the function as a non-leaf with a grad_fn"
+)
+
+
+@case(inputs=lambda: (rand(3, grad=True),), torch_differs=_TORCH_FRESH_LEAF)
+def requires_grad_leaf_made_inside(x):
+    y = torch.ones(3)
+    y.requires_grad_()
+    return x * 2, y
+
+
+@case(inputs=lambda: (rand(2, 3, grad=True),), torch_differs=_TORCH_FRESH_LEAF)
+def factory_leaf_made_inside_used_for_nothing_else(x):
+    w = torch.full((3,), 0.5, requires_grad=True)
+    return x.sin(), w
+
+
+@case(
+    inputs=lambda: (rand(3),),
+    grad_enabled=False,
+    torch_differs=TorchDiffers("torch's inference graph drops the leaf's requires_grad"),
+)
+def requires_grad_leaf_made_inside_under_no_grad(x):
+    y = torch.zeros(3).requires_grad_()
+    return x + 1, y

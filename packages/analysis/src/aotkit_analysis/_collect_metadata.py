@@ -45,6 +45,9 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 
+from ._fresh_leaves import fresh_leaf_outputs
+
+
 def _is_custom_function_output(t: torch.Tensor) -> bool:
     grad_fn = t.grad_fn
     return grad_fn is not None and (
@@ -498,4 +501,8 @@ def _classify_outputs(
                 and _made_from_a_no_grad_view(o),
             )
         )
+    # See Note [Leaves made inside the function]
+    for j in fresh_leaf_outputs(f_args, f_outs):
+        if infos[j].output_type is OutputType.non_alias:
+            infos[j] = dataclasses.replace(infos[j], fresh_leaf=True)
     return infos, bases

@@ -252,6 +252,9 @@ def _output_kinds(f_primals: Sequence[Any], outs: Sequence[Any]) -> list[OutputT
         if not isinstance(o, torch.Tensor):
             kinds.append(OutputType.non_alias)
             continue
+        if o.is_leaf and o.requires_grad:
+            # See Note [Leaves made inside the function] in aotkit_analysis
+            raise NotSinglePass("an output is a leaf made inside the function")
         st = storage_ref(o)
         if st in storages:
             raise NotSinglePass("an output aliases an input or another output")

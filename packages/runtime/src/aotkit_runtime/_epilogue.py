@@ -101,6 +101,7 @@ def needs_epilogue(meta: ViewAndMutationMeta) -> bool:
         or any(info.is_regenerated_alias for info in meta.output_info)
         or meta.grad_enabled_mutation is not None
         or meta.num_forward_returns != meta.num_outputs
+        or any(info.fresh_leaf for info in meta.output_info)
     )
 
 
@@ -145,6 +146,8 @@ def make_epilogue(
         if info.is_regenerated_alias
     ]
     grad_mode_after = meta.grad_enabled_mutation
+    # See Note [Leaves made inside the function] in aotkit_analysis
+    fresh_leaves = tuple(j for j, info in enumerate(meta.output_info) if info.fresh_leaf)
 
     if not needs_epilogue(meta):
 
@@ -185,6 +188,8 @@ def make_epilogue(
             if of_no_grad:
                 # See Note [Views of inputs made under no_grad]
                 outs[j] = outs[j].view(outs[j].shape)
+        for j in fresh_leaves:
+            outs[j] = outs[j].detach().requires_grad_()
         if grad_mode_after is not None:
             torch.set_grad_enabled(grad_mode_after)
         return outs

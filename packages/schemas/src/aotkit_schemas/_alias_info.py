@@ -162,6 +162,9 @@ class OutputAliasInfo:
     # no_grad view, so no gradient reaches its base, and an in-place op on it raises.
     # See Note [Views of inputs made under no_grad] in aotkit_runtime.
     grad_view_of_no_grad_view: bool = False
+    # non_alias only: a leaf that requires grad made inside the function; the caller gets
+    # a fresh leaf (See Note [Leaves made inside the function] in aotkit_analysis).
+    fresh_leaf: bool = False
     # alias_of_input only: functionalization's recorded view chain from the input as passed
     # (before any in-place view of it) to this output (torch._C._functionalization ViewMeta
     # list), replayed on the runtime input; None when unavailable (symbolic view arguments).

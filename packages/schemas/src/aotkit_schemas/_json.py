@@ -140,6 +140,7 @@ def output_info_to_json(info: OutputAliasInfo) -> dict[str, Any]:
         "requires_grad": info.requires_grad,
         "requires_grad_for_backward": info.requires_grad_for_backward,
         "grad_view_of_no_grad_view": info.grad_view_of_no_grad_view,
+        "fresh_leaf": info.fresh_leaf,
     }
 
 
@@ -164,6 +165,7 @@ def output_info_from_json(d: Any) -> OutputAliasInfo:
         grad_view_of_no_grad_view=_bool(
             obj.get("grad_view_of_no_grad_view", False), "grad_view_of_no_grad_view"
         ),
+        fresh_leaf=_bool(obj.get("fresh_leaf", False), "fresh_leaf"),
     )
 
 
