@@ -19,6 +19,7 @@ from aotkit_schemas import AOTConfig, CacheFormatError
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ._batch_norm_cma import cumulative_batch_norm
 from ._compile import CompiledArtifacts, Runner, compile_traced, finish
 from ._compile import _fakify as fakify_compiled
 from ._compiled_calls import inference_call, training_call
@@ -72,7 +73,8 @@ def _compile_flat(
             cache_counters["hit"] += 1
             return restored
     cache_counters["trace"] += 1
-    runner, artifacts = compile_traced(flat_fn, flat_args, cfg)
+    # See Note [BatchNorm's cumulative moving average]
+    runner, artifacts = compile_traced(cumulative_batch_norm(flat_fn), flat_args, cfg)
     if key is not None:
         payload = entry_payload(artifacts, cache_sidecar, symbolic)
         if payload is not None:
