@@ -125,3 +125,16 @@ def factory_leaf_made_inside_used_for_nothing_else(x):
 def requires_grad_leaf_made_inside_under_no_grad(x):
     y = torch.zeros(3).requires_grad_()
     return x + 1, y
+
+
+@case(
+    inputs=lambda: (rand(3),),
+    torch_differs=TorchDiffers("torch compiles an inference graph: the output loses requires_grad"),
+    aotkit_bug=(
+        "no input requires grad, so aotkit compiles an inference graph and an output computed "
+        "from a leaf made inside the function loses requires_grad (and its grad_fn)"
+    ),
+)
+def view_of_leaf_made_inside_without_grad_inputs(x):
+    y = torch.full((3,), 0.5).requires_grad_()
+    return y.reshape(-1), x + 1
