@@ -138,3 +138,46 @@ def requires_grad_leaf_made_inside_under_no_grad(x):
 def view_of_leaf_made_inside_without_grad_inputs(x):
     y = torch.full((3,), 0.5).requires_grad_()
     return y.reshape(-1), x + 1
+
+
+# ---- autocast's cast cache --------------------------------------------------------------
+# Eager autocast casts a leaf that requires grad once per outermost region and reuses the
+# cast: its gradient is summed in bf16 before the one cast back, and a cast made before an
+# in-place update under no_grad is reused after it. make_fx turns the cache off while
+# tracing and functionalization's input wrappers are not autograd leaves (they carry an
+# error grad_fn), so the trace casts at every use.
+
+_AUTOCAST_CACHE = (
+    "autocast's cast cache: the trace casts a leaf weight at every use, eager once per "
+    "region (make_fx disables the cache, and the traced inputs are not autograd leaves)"
+)
+
+
+def _square(n: int, grad: bool = False) -> torch.Tensor:
+    return rand(n, n, grad=grad)
+
+
+@case(
+    inputs=lambda: (_square(16), _square(16, grad=True)),
+    torch_differs=TorchDiffers(_AUTOCAST_CACHE),
+    aotkit_bug=_AUTOCAST_CACHE + ": the weight's gradient is rounded differently",
+)
+def autocast_weight_used_twice(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = x @ w
+        b = a @ w
+    return b.float()
+
+
+@case(
+    inputs=lambda: (_square(16), _square(16, grad=True)),
+    torch_differs=TorchDiffers(_AUTOCAST_CACHE),
+    aotkit_bug=_AUTOCAST_CACHE + ": eager reuses the stale cast after the in-place update",
+)
+def autocast_weight_updated_between_uses(x, w):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = x @ w
+        with torch.no_grad():
+            w.mul_(2)
+        b = x @ w
+    return a.float() + b.float()
