@@ -44,7 +44,6 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-
 from ._fresh_leaves import fresh_leaf_outputs
 
 

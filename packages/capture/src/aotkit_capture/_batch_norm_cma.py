@@ -35,7 +35,6 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-
 _BATCH_NORM_FORWARD = torch.nn.modules.batchnorm._BatchNorm.forward.__code__
 
 

@@ -206,7 +206,7 @@ class EagerLayoutMode(FunctionalTensorMode):  # type: ignore[no-untyped-call]
         for t, eager in outs:
             if eager is None:
                 continue
-            torch._sync(t)  # type: ignore[attr-defined]
+            torch._sync(t)  # type: ignore[attr-defined,no-untyped-call]
             value = torch._from_functional_tensor(t.elem)  # type: ignore[attr-defined]
             if value.size() != eager.size() or not _static(value.stride()):
                 self._shadows.pop(t, None)  # type: ignore[no-untyped-call]
