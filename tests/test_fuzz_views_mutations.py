@@ -615,6 +615,21 @@ FUZZ_FOUND_PROGRAMS = (
 )
 
 
+# Found by the widened generator (seed 23): a view made under no_grad of an intermediate
+# that requires grad, the only alias of it, came back as a tensor that needs no grad.
+FUZZ_FOUND_PROGRAMS += (
+    Program(
+        (2, 3, 2),
+        (InputSpec("grad_nonleaf", layout="expanded"), InputSpec("plain"), InputSpec("plain")),
+        (Step("reshape", 13, 13, (5, 0, 0, 0)), Step("reshape", 0, 0, (0,) * 4),
+         Step("reshape", 0, 0, (0,) * 4), Step("reshape", 0, 0, (0,) * 4),
+         Step("reshape", 0, 0, (0,) * 4), Step("reshape", 0, 0, (0,) * 4),
+         Step("no_grad_view", 11, 0, (0,) * 4)),
+        (0,),
+    ),
+)
+
+
 def test_fuzz_found_programs_match_eager() -> None:
     for program in FUZZ_FOUND_PROGRAMS:
         problems = check_program(program)

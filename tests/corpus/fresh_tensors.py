@@ -181,3 +181,14 @@ def autocast_weight_updated_between_uses(x, w):
             w.mul_(2)
         b = x @ w
     return a.float() + b.float()
+
+
+@case(
+    inputs=lambda: (rand(2, 3, grad=True),),
+    torch_differs=TorchDiffers("torch returns the view as a plain tensor that needs no grad"),
+)
+def no_grad_view_of_intermediate_only_alias(x):
+    y = x.sin().reshape(-1)
+    with torch.no_grad():
+        v = y.view(3, 2)
+    return (v,)

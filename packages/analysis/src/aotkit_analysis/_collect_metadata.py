@@ -455,7 +455,11 @@ def _classify_outputs(
         elif storage_was_changed(o) and id(o) in input_ids:
             kind, base_idx = OutputType.is_input, input_storage[st]
         elif o._base is not None and o.requires_grad and o._base.requires_grad:
-            if aliases_per_storage[st] == 1 or non_multi_aliases <= 1:
+            # a view made under no_grad (requires_grad, no grad_fn) is regenerated from its
+            # base under no_grad, never returned as a plain tensor: autograd would make it
+            # non-differentiable (See Note [Views of inputs made under no_grad] in
+            # aotkit_runtime)
+            if (aliases_per_storage[st] == 1 or non_multi_aliases <= 1) and grad_fn is not None:
                 kind = OutputType.unsafe_view_alias
             elif id(o._base) in output_position:
                 kind = OutputType.alias_of_intermediate_base_is_user_output

@@ -260,6 +260,9 @@ def _output_kinds(f_primals: Sequence[Any], outs: Sequence[Any]) -> list[OutputT
             raise NotSinglePass("an output aliases an input or another output")
         storages.add(st)
         view_of_grad = o._base is not None and o.requires_grad and o._base.requires_grad
+        if view_of_grad and o.grad_fn is None:
+            # See Note [Views of inputs made under no_grad] in aotkit_runtime
+            raise NotSinglePass("an output is a view made under no_grad")
         kinds.append(OutputType.unsafe_view_alias if view_of_grad else OutputType.non_alias)
     return kinds
 
