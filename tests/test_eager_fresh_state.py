@@ -133,3 +133,23 @@ def test_batch_norm_with_cumulative_average_trains_as_eager(entry: str) -> None:
     model.eval()
     x = torch.randn(5, 4)
     torch.testing.assert_close(run(x), eager(x))
+
+
+def test_the_new_output_flags_survive_the_cache_json() -> None:
+    from aotkit_schemas import OutputAliasInfo, OutputType
+    from aotkit_schemas._json import output_info_from_json, output_info_to_json
+
+    for info in (
+        OutputAliasInfo(OutputType.non_alias, torch.Tensor, None, frozenset(), True, True,
+                        fresh_leaf=True),
+        OutputAliasInfo(OutputType.alias_of_input, torch.Tensor, 0, frozenset(), True, True,
+                        grad_view_of_no_grad_view=True),
+    ):
+        back = output_info_from_json(output_info_to_json(info))
+        assert back.fresh_leaf == info.fresh_leaf
+        assert back.grad_view_of_no_grad_view == info.grad_view_of_no_grad_view
+    # an entry written before the flags existed reads them as False
+    old = output_info_to_json(OutputAliasInfo(OutputType.non_alias, torch.Tensor, None, frozenset(), False))
+    del old["fresh_leaf"], old["grad_view_of_no_grad_view"]
+    back = output_info_from_json(old)
+    assert not back.fresh_leaf and not back.grad_view_of_no_grad_view
