@@ -28,7 +28,6 @@ from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig, disk_cache_enabled
 
 from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
-from ._generators import check_no_created_generators, recording_generators
 from ._guards import describe_flat_input, input_key
 from ._module_attrs import ModuleAttrs
 from ._outputs import OutputLayout, flatten_function
@@ -184,15 +183,10 @@ class CompiledCache:
         # disk_cache_config says so, and then only with compilers that offer cache keys
         identity = fingerprint_or_none(self.fn) if disk_cache_enabled(default=False) else None
         try:
-            # See Note [Generators created while tracing]
-            with recording_generators() as created:
-                runner, artifacts = compile_flat(
-                    flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
-                )
-            check_no_created_generators(created, (
-                artifacts.fw_module, artifacts.bw_module, artifacts.inference_module,
-                artifacts.joint_module,
-            ))
+            # See Note [Generators created while tracing] in aotkit_capture
+            runner, artifacts = compile_flat(
+                flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
+            )
         except (AssertionError, RuntimeError) as e:
             if not is_captured_tensor_error(e):
                 raise
