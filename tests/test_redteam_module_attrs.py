@@ -150,12 +150,207 @@ def test_torch_aot_module_runs_the_stale_graph() -> None:
 
 
 def test_unread_attribute_change_never_gives_a_wrong_result() -> None:
-    """``unused`` is never read; changing it recompiles (reads are not recorded, see the
-    Note), and the result stays eager's."""
+    """``unused`` is never read; changing it does not recompile (reads are recorded, See
+    Note [Recording module attribute reads]), and the result stays eager's."""
+    torch.manual_seed(0)
+    eager = Scaled()
+    mod = copy.deepcopy(eager)
+    compiled = aot_module(mod, nop)
+    cache = compiled._compiled._aotkit_cache  # type: ignore[union-attr]
+    _check(eager, mod, compiled)
+    _set((eager, mod), "unused", "still never read")
+    _check(eager, mod, compiled)
+    assert len(cache.entries) == 1
+
+
+# ---- only the attributes a trace read are keyed -----------------------------------------
+
+
+class Counted(nn.Module):
+    """A training-loop counter (``step``) the forward never reads, next to read ones."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = Inner()
+        self.scale = 2.0
+        self.step = 0
+        self.tag = (1, "a")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x) * self.scale
+
+
+def _cache(compiled: nn.Module) -> object:
+    return compiled._compiled._aotkit_cache  # type: ignore[union-attr]
+
+
+def test_an_unread_counter_bumped_each_call_compiles_once(
+    recompiles: pytest.LogCaptureFixture,
+) -> None:
+    torch.manual_seed(0)
+    eager = Counted()
+    mod = copy.deepcopy(eager)
+    compiled = aot_module(mod, nop)
+    for step in range(6):
+        _set((eager, mod), "step", step + 1)
+        _set((eager, mod), "tag", (step, "b"))
+        _check(eager, mod, compiled)
+    assert len(_cache(compiled).entries) == 1  # type: ignore[attr-defined]
+    assert _reasons(recompiles) == []
+    assert _cache(compiled).attr_names == ["scale", "inner.offset"]  # type: ignore[attr-defined]
+    # a read one still recompiles, with the log naming it, and gives eager's values
+    _set((eager, mod), "inner.offset", 4.0)
+    _check(eager, mod, compiled)
+    assert len(_cache(compiled).entries) == 2  # type: ignore[attr-defined]
+    assert "self.inner.offset changed from 0.5 to 4.0" in _reasons(recompiles)[-1]
+
+
+def test_an_unread_attribute_holding_a_new_object_each_call_is_not_keyed() -> None:
+    torch.manual_seed(0)
+    eager = Counted()
+    mod = copy.deepcopy(eager)
+    compiled = aot_module(mod, nop)
+    attrs = _cache(compiled).module_attrs  # type: ignore[attr-defined]
+    for _ in range(4):
+        _set((eager, mod), "step", object())  # was an int: a slot, never read
+        _check(eager, mod, compiled)
+    assert len(_cache(compiled).entries) == 1  # type: ignore[attr-defined]
+    assert not hasattr(attrs, "_pinned")  # nothing kept alive per call
+
+
+def test_an_attribute_read_only_in_a_forward_hook(recompiles: pytest.LogCaptureFixture) -> None:
+    def hooked() -> nn.Module:
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(3, 3), nn.Tanh())
+        m[1].gain = 1.5  # type: ignore[assignment]
+        m[1].register_forward_hook(lambda mod, args, out: out * mod.gain)
+        m[0].register_forward_pre_hook(lambda mod, args: (args[0] + mod.shift,))
+        m[0].shift = 0.25  # type: ignore[assignment]
+        return m
+
+    eager, mod = hooked(), hooked()
+    compiled = aot_module(mod, nop)
+    _check(eager, mod, compiled)
+    assert sorted(_cache(compiled).attr_names) == ["0.shift", "1.gain"]  # type: ignore[attr-defined]
+    _set((eager, mod), "1.gain", -2.0)
+    _check(eager, mod, compiled)
+    assert "self.1.gain changed from 1.5 to -2.0" in _reasons(recompiles)[-1]
+    _set((eager, mod), "0.shift", 1.0)
+    _check(eager, mod, compiled)
+    assert len(_cache(compiled).entries) == 3  # type: ignore[attr-defined]
+
+
+class WithProperty(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self._temperature = 2.0
+
+    @property
+    def temperature(self) -> float:
+        return self._temperature
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) / self.temperature
+
+
+def test_an_attribute_read_through_a_property() -> None:
+    torch.manual_seed(0)
+    eager = WithProperty()
+    mod = copy.deepcopy(eager)
+    compiled = aot_module(mod, nop)
+    _check(eager, mod, compiled)
+    _set((eager, mod), "_temperature", 0.5)
+    _check(eager, mod, compiled)
+    assert len(_cache(compiled).entries) == 2  # type: ignore[attr-defined]
+
+
+class Branchy(nn.Module):
+    """Which attribute is read depends on a flag."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.use_a = True
+        self.a = 2.0
+        self.b = -3.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * (self.a if self.use_a else self.b)
+
+
+def test_a_branch_flag_selects_the_attributes_read() -> None:
+    torch.manual_seed(0)
+    eager = Branchy()
+    mod = copy.deepcopy(eager)
+    compiled = aot_module(mod, nop)
+    _check(eager, mod, compiled)
+    _set((eager, mod), "b", 7.0)  # not read yet: no compilation
+    _check(eager, mod, compiled)
+    assert len(_cache(compiled).entries) == 1  # type: ignore[attr-defined]
+    _set((eager, mod), "use_a", False)  # now b is read
+    _check(eager, mod, compiled)
+    _set((eager, mod), "b", 1.0)
+    _check(eager, mod, compiled)
+    assert len(_cache(compiled).entries) == 3  # type: ignore[attr-defined]
+    # back to the first graph's values: found again. b is watched for every entry now (the
+    # union of the reads), and the first entry was compiled with b = -3.0
+    _set((eager, mod), "use_a", True)
+    _set((eager, mod), "b", -3.0)
+    _check(eager, mod, compiled)
+    _set((eager, mod), "use_a", False)  # and the third's
+    _set((eager, mod), "b", 1.0)
+    _check(eager, mod, compiled)
+    assert len(_cache(compiled).entries) == 3  # type: ignore[attr-defined]
+    for a in (5.0, 6.0):  # a is read by the first graph only, but watched: never wrong
+        _set((eager, mod), "a", a)
+        _check(eager, mod, compiled)
+
+
+def test_a_read_attribute_holding_an_object_raises() -> None:
+    from aotkit_capture import UnsupportedInputError
+
+    class Cfg:
+        def __init__(self, s: float) -> None:
+            self.s = s
+
     torch.manual_seed(0)
     eager = Scaled()
     mod = copy.deepcopy(eager)
     compiled = aot_module(mod, nop)
     _check(eager, mod, compiled)
-    _set((eager, mod), "unused", "still never read")
-    _check(eager, mod, compiled)
+    mod.scale = Cfg(3.0)  # type: ignore[assignment]
+    mod.forward = lambda x: mod.inner(x) * mod.scale.s  # type: ignore[method-assign]
+    with pytest.raises(UnsupportedInputError, match=r"read self\.scale, which holds a Cfg"):
+        compiled(torch.randn(4, 3))
+    assert "__getattribute__" not in nn.Module.__dict__  # the recorder is gone
+
+
+def test_the_recorder_is_off_outside_compilations() -> None:
+    torch.manual_seed(0)
+    compiled = aot_module(Scaled(), nop)
+    compiled(torch.randn(4, 3))
+    assert "__getattribute__" not in nn.Module.__dict__
+    assert nn.Module.__getattribute__ is object.__getattribute__
+
+
+def test_the_disk_cache_never_restores_a_graph_traced_with_other_values(
+    tmp_path: object,
+) -> None:
+    """A second aot_module of the same program with another ``scale`` (as a second
+    process would) misses the disk cache; one with the same values hits it."""
+    from aotkit_capture import cache_counters
+    from aotkit_schemas import disk_cache_config
+
+    disk_cache_config.dir, disk_cache_config.enabled = str(tmp_path), True
+    try:
+        for scale, hit in ((2.0, False), (3.0, False), (3.0, True)):
+            torch.manual_seed(0)
+            eager = Scaled()
+            eager.scale = scale
+            mod = copy.deepcopy(eager)
+            before = cache_counters["hit"]
+            _check(eager, mod, aot_module(mod, nop))
+            assert (cache_counters["hit"] > before) is hit, scale
+    finally:
+        disk_cache_config.dir, disk_cache_config.enabled = None, None

@@ -14,6 +14,7 @@ from aotkit_backends import nop as nop
 from aotkit_backends import print_compiler as print_compiler
 from aotkit_frontends import AOTCompileError as AOTCompileError
 from aotkit_frontends import AOTExportError as AOTExportError
+from aotkit_frontends import GeneratorCreatedInTraceError as GeneratorCreatedInTraceError
 from aotkit_frontends import SavedTensorHookContext as SavedTensorHookContext
 from aotkit_frontends import aot_autograd as aot_autograd
 from aotkit_frontends import aot_export_joint_simple as aot_export_joint_simple
@@ -63,6 +64,7 @@ __all__ = [
     "AOTConfig",
     "AOTExportError",
     "BackwardSignature",
+    "GeneratorCreatedInTraceError",
     "GraphSignature",
     "InputAliasInfo",
     "MutationType",

@@ -41,6 +41,8 @@ from ._export_trace import retrace_flat as retrace_flat
 from ._export_trace import trace_for_export as trace_for_export
 from ._fakify import construct_fake_mode as construct_fake_mode
 from ._fakify import fakify_inputs as fakify_inputs
+from ._generators import GENERATOR_CREATED_MESSAGE as GENERATOR_CREATED_MESSAGE
+from ._generators import GeneratorCreatedInTraceError as GeneratorCreatedInTraceError
 from ._hops import UnsupportedHigherOrderOperatorError as UnsupportedHigherOrderOperatorError
 from ._input_kinds import VALUE_KINDS as VALUE_KINDS
 from ._input_kinds import UnsupportedInputError as UnsupportedInputError
@@ -76,6 +78,8 @@ __all__ = [
     "CapturedTensorError",
     "CompiledArtifacts",
     "FlatFn",
+    "GENERATOR_CREATED_MESSAGE",
+    "GeneratorCreatedInTraceError",
     "NotSinglePass",
     "Runner",
     "ShapeGuard",

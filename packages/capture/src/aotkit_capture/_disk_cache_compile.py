@@ -32,6 +32,7 @@ from ._disk_cache_key import symbolic_kind
 from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, restored_guard
 from ._fakify import construct_fake_mode
 from ._gc import deferred_full_collections
+from ._generators import check_no_created_generators, recording_generators
 from ._logs import log_restored_partition
 from ._paths import notify_compiled
 from ._trace import FlatFn
@@ -73,8 +74,14 @@ def _compile_flat(
             cache_counters["hit"] += 1
             return restored
     cache_counters["trace"] += 1
-    # See Note [BatchNorm's cumulative moving average]
-    runner, artifacts = compile_traced(cumulative_batch_norm(flat_fn), flat_args, cfg)
+    # See Note [BatchNorm's cumulative moving average]; See Note [Generators created
+    # while tracing]: checked before the store below
+    with recording_generators() as created:
+        runner, artifacts = compile_traced(cumulative_batch_norm(flat_fn), flat_args, cfg)
+    check_no_created_generators(created, (
+        artifacts.fw_module, artifacts.bw_module, artifacts.inference_module,
+        artifacts.joint_module,
+    ))
     if key is not None:
         payload = entry_payload(artifacts, cache_sidecar, symbolic)
         if payload is not None:

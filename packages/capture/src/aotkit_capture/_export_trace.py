@@ -29,6 +29,7 @@ from ._effects import token_inputs
 from ._errors import explain_tracing_errors
 from ._export_pre_dispatch import trace_pre_dispatch
 from ._fakify import construct_fake_mode
+from ._generators import check_no_created_generators, recording_generators
 from ._saved_tensor_hooks import hooks_hidden_while_tracing
 from ._subclass import needs_subclass_layer
 from ._trace import FlatFn, trace_inference, trace_joint
@@ -103,6 +104,20 @@ def trace_for_export(
     if functorch_config.functionalize_rng_ops:
         raise AOTExportError(FUNCTIONALIZED_RNG_MESSAGE)
     flat_args, repeated = _distinct_tensors(flat_args)
+    with recording_generators() as created:  # See Note [Generators created while tracing]
+        traced = _trace_for_export(flat_fn, flat_args, cfg, validate, pre_dispatch, repeated)
+    check_no_created_generators(created, (traced.graph,))
+    return traced
+
+
+def _trace_for_export(
+    flat_fn: FlatFn,
+    flat_args: list[Any],
+    cfg: AOTConfig,
+    validate: Callable[[ViewAndMutationMeta], None] | None,
+    pre_dispatch: bool,
+    repeated: list[list[int]],
+) -> TracedGraphs:
     layout = compute_input_layout(flat_args)
     assert layout.is_trivial, "distinct inputs are never deduplicated"
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)

@@ -164,6 +164,10 @@ def last_computed(graph: torch.fx.Graph) -> torch.fx.Node | None:
 # default partitioner then ran the backward's tangent-free nodes (``t(t_1)``, the transpose
 # of a Linear weight's transpose) in the forward and saved their results, where torch's
 # saves the forward's own ``t`` values.
+# Placeholders are tagged as torch's are (its post-forward pass tags every node the
+# trace has made so far, the tangent placeholders ``is_backward``, the rest
+# ``is_forward``): primals ``is_forward``, tangents ``is_backward``. aotkit's
+# partitioners count primals as forward and tangents as backward either way.
 
 
 def nodes_made_so_far() -> list[torch.fx.Node]:
@@ -187,10 +191,16 @@ def forward_end(graph: torch.fx.Graph, made: Sequence[torch.fx.Node]) -> torch.f
 
 
 def tag_forward_and_backward(graph: torch.fx.Graph, forward_end: torch.fx.Node) -> None:
-    """Tag the nodes up to ``forward_end`` as forward, the rest as backward (placeholders
-    and the output stay untagged). See Note [Forward and backward tags]."""
+    """Tag the nodes up to ``forward_end`` as forward, the rest as backward; primal
+    placeholders as forward, tangent ones as backward (the output stays untagged). See
+    Note [Forward and backward tags]."""
     tag = "is_forward"
     for n in graph.nodes:
+        if n.op == "placeholder":
+            n.meta["partitioner_tag"] = (
+                "is_backward" if str(n.target).startswith("tangents") else "is_forward"
+            )
+            continue
         # a backward-only write keeps its tag (See Note [Data mutations in the backward])
         if n.op not in ("placeholder", "output") and n.meta.get("partitioner_tag") != (
             "must_be_in_backward"

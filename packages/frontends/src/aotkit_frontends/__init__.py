@@ -7,6 +7,7 @@ The user-facing entry points and their argument handling; the tracing core they 
 from aotkit_capture import AOTCompileError as AOTCompileError
 from aotkit_capture import AOTExportError as AOTExportError
 from aotkit_capture import CompiledArtifacts as CompiledArtifacts
+from aotkit_capture import GeneratorCreatedInTraceError as GeneratorCreatedInTraceError
 from aotkit_capture import SavedTensorHookContext as SavedTensorHookContext
 from aotkit_capture import get_aot_compilation_context as get_aot_compilation_context
 from aotkit_capture import get_aot_graph_name as get_aot_graph_name
@@ -40,6 +41,7 @@ __all__ = [
     "AotAutograd",
     "CompiledArtifacts",
     "CompiledCache",
+    "GeneratorCreatedInTraceError",
     "SavedTensorHookContext",
     "TensorAttributeAssignedError",
     "UnsupportedOutputError",

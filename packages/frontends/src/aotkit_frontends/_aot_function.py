@@ -28,9 +28,8 @@ from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig, disk_cache_enabled
 
 from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
-from ._generators import check_no_created_generators, recording_generators
 from ._guards import describe_flat_input, input_key
-from ._module_attrs import ModuleAttrs
+from ._module_attrs import ModuleAttrs, rekeyed
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 from ._reparametrize import distinct_slot_names, reparametrized
@@ -125,6 +124,7 @@ class CompiledCache:
         # aot_module's key]), named by ``attr_names``
         self.module_modes: Callable[[], tuple[Any, ...]] | None = None
         self.attr_names: list[str] = []
+        self.module_attrs: ModuleAttrs | None = None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
@@ -152,27 +152,36 @@ class CompiledCache:
             or entry is None
             or (entry[2].guard is not None and not entry[2].guard(flat_args))
         ):
-            entry = self._lookup(key, flat_args, in_spec)
+            key, entry = self._lookup(key, flat_args, in_spec)
             self.last_key, self.last_entry = key, entry
         return entry[1].unflatten(entry[0](flat_args))
 
     def _lookup(
         self, key: tuple[Any, ...], flat_args: list[Any], in_spec: pytree.TreeSpec
-    ) -> Entry:
-        """The newest entry for ``key`` whose guards pass, else a new compilation."""
+    ) -> tuple[tuple[Any, ...], Entry]:
+        """The newest entry for ``key`` whose guards pass, else a new compilation (and
+        its key: a compilation that reads new module attributes re-keys the entries)."""
         candidates = self._by_key.setdefault(key, [])
         for entry in reversed(candidates):
             guard = entry[2].guard
             if guard is None or guard(flat_args):
-                return entry
+                return key, entry
         log_recompile(
             self.fn, self.last_key, key, candidates[-1][2].guard if candidates else None,
             flat_args, len(self.entries), attr_names=self.attr_names,
         )
+        attrs = self.module_attrs
+        if attrs is not None:  # See Note [Plain module attributes in aot_module's key]
+            attrs.begin_compile()
         entry = self._compile(flat_args, in_spec)
+        grew = attrs is not None and attrs.end_compile(entry[2], entry[2].from_cache)
         candidates.append(entry)
         self.entries.append(entry)
-        return entry
+        if grew:
+            assert attrs is not None
+            self._by_key = rekeyed(self._by_key, self.entries, attrs)
+            key = (*key[:-1], (key[-1][0], attrs.key_of(entry[2])))
+        return key, entry
 
     def _compile(self, flat_args: list[Any], in_spec: pytree.TreeSpec) -> Entry:
         check_input_kinds(flat_args, functools.partial(
@@ -183,16 +192,14 @@ class CompiledCache:
         # See Note [On-disk compile cache] in aotkit_capture: off unless AOTKIT_CACHE=1 or
         # disk_cache_config says so, and then only with compilers that offer cache keys
         identity = fingerprint_or_none(self.fn) if disk_cache_enabled(default=False) else None
+        if identity is not None and self.module_attrs is not None:
+            # See Note [Plain module attributes in aot_module's key]: on disk, every slot
+            identity = self.module_attrs.disk_identity(identity)
         try:
-            # See Note [Generators created while tracing]
-            with recording_generators() as created:
-                runner, artifacts = compile_flat(
-                    flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
-                )
-            check_no_created_generators(created, (
-                artifacts.fw_module, artifacts.bw_module, artifacts.inference_module,
-                artifacts.joint_module,
-            ))
+            # See Note [Generators created while tracing] in aotkit_capture
+            runner, artifacts = compile_flat(
+                flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
+            )
         except (AssertionError, RuntimeError) as e:
             if not is_captured_tensor_error(e):
                 raise
@@ -334,6 +341,7 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
                 mod, AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, only_tracing=True
             ),
             reparametrized(mod, tensors, who="aot_module"),
+            attrs.recording(),  # See Note [Recording module attribute reads]
         ):
             return mod(*flat[n_state:], **kw)
 
@@ -346,7 +354,8 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     submodules = list(mod.modules())
     attrs = ModuleAttrs(mod)
     cache.module_modes = lambda: (tuple([m.training for m in submodules]), attrs.values())
-    cache.attr_names = attrs.names
+    cache.attr_names = attrs.watched_names
+    cache.module_attrs = attrs
     return AOTModule(mod, compiled, state)
 
 

@@ -1,4 +1,4 @@
-"""The plain attributes of a module that aot_module's graphs depend on, checked per call.
+"""The plain attributes of a module that aot_module's graphs read, checked per call.
 
 # Note [Plain module attributes in aot_module's key]
 # A forward reads plain Python attributes of its submodules while it is traced
@@ -7,31 +7,64 @@
 # (``model.block.scale = 3.0``) changes what eager computes, but torch's aot_module keeps
 # running its first graph: a silently wrong result. aotkit's key for aot_module therefore
 # holds, besides the training flags (See Note [Training flags in aot_module's key]), the
-# current value of every plain attribute of every submodule registered when aot_module
-# was called: bool, int, float, complex, str, None, torch.dtype/device/layout/
-# memory_format, and tuples of those (recursively). A changed value misses the cache and
-# compiles again (the ``recompiles`` log names the attribute), a restored value finds its
-# old graph. Attributes are read straight from each submodule's ``__dict__``: one dict
-# lookup per attribute per call, no attribute protocol; when every attribute holds the
-# same object as on the previous call (compared with ``is``, in C) the previous key part
-# is reused, so a steady-state call builds no new tuples. Reads are not recorded (a plain
-# attribute read cannot be intercepted without swapping the module's class), so every
-# plain attribute is checked, read or not; changing one the forward never reads costs a
-# needless recompilation, never a wrong result. An attribute that held a plain value and
-# now holds anything else (a tensor, a list, an object) is keyed by its type and identity,
-# so the key never compares arbitrary objects. Types are part of the key: ``x * 2`` and
-# ``x * 2.0`` differ on integer tensors. Other attributes (lists, dicts, callables,
-# user objects) are not checked; torch's own derived caches (``_flat_weights``) are not
-# either. nn.Module's bookkeeping (hooks, tables, ``training``) is excluded.
+# current value of every plain attribute that a trace READ. The candidates ("slots") are
+# the attributes of every submodule registered when aot_module was called that hold a
+# plain value then: bool, int, float, complex, str, None, torch.dtype/device/layout/
+# memory_format, numpy scalars, and tuples of those (recursively); nn.Module's bookkeeping
+# (hooks, tables, ``training``) and torch's derived caches (``_flat_weights``) are not.
+#
+# Reads are recorded while aot_module's function is traced (See Note [Recording module
+# attribute reads]); the slots read by any compilation so far are "watched", and only
+# watched slots are in the key. An attribute no trace read (``model.step += 1`` in a
+# training loop) never recompiles. When a compilation reads a slot not watched before, the
+# watched set grows and every entry is re-keyed from the values it was compiled with (a
+# snapshot of every slot, taken when its compilation started), so no entry is lost and the
+# next call finds its graph. A changed watched value misses the cache and compiles again
+# (the ``recompiles`` log names the attribute); a restored value finds its old graph.
+# Watching the union over compilations can recompile for a slot one entry did not read
+# (a branch flag that selects which attributes are read): never a wrong result.
+#
+# Values are read straight from each submodule's ``__dict__``; when every watched slot
+# holds the same object as on the previous call (compared with ``is``, in C) the previous
+# key part is reused. Types are part of the key (``x * 2`` and ``x * 2.0`` differ on
+# integer tensors). A numpy scalar is keyed by its type and ``item()``. Any other value
+# in a watched slot is keyed by its type only (no identity, nothing kept alive): the
+# next compilation then traces it, and a tensor there raises the captured-tensor error,
+# while a trace that read an arbitrary object raises ``UnsupportedInputError``, as torch
+# does for opaque inputs: aotkit cannot check what the graph baked in from it.
+# On disk (See Note [On-disk compile cache] in aotkit_capture), an entry is stored under
+# the program's fingerprint extended with the values of every slot (read or not: what was
+# read is not stored), and not at all when a slot holds a value that is not plain; a
+# compilation restored from it ran no trace, so it watches every slot. Before, a second
+# process with ``self.scale = 3.0`` restored the graph traced with 2.0.
+# Attributes that are not slots (lists, dicts, callables, user objects at aot_module time,
+# attributes added later) are not checked.
+#
+# Note [Recording module attribute reads]
+# A plain attribute lives in the module's ``__dict__`` and is found by
+# ``object.__getattribute__`` without calling any nn.Module method, so reads are seen by
+# setting ``nn.Module.__getattribute__`` to a recording function while an aot_module
+# function is traced (one swap for all nested or concurrent traces, under a lock that
+# guards only the swap). Every read through attribute access is seen: inside ``forward``
+# of nested submodules, in properties (their getter's ``self._x``), in forward hooks and
+# pre-hooks. Reads through ``self.__dict__[...]`` or ``vars(self)`` are not; and a module
+# whose class defines its own ``__getattribute__`` may bypass the recorder, so its slots
+# are always watched.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import operator
+import sys
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn as nn
+from aotkit_capture import UnsupportedInputError
 
 from ._attribute_guard import _DERIVED_CACHES, _MODULE_INTERNALS
 
@@ -40,6 +73,16 @@ _SCALAR_TYPES = frozenset({
     torch.memory_format,
 })
 _MISSING = ("<aotkit: attribute deleted>",)
+_NOT_PLAIN = "<aotkit: not a plain value>"
+NOT_PLAIN_READ_MESSAGE = (
+    "aot_module: the traced forward read self.{name}, which holds a {type} (a plain "
+    "value when aot_module was called). The graph bakes in what the trace read from it, "
+    "and aot_module checks on each call only plain values (bool, int, float, complex, "
+    "str, None, torch.dtype/device/layout/memory_format, numpy scalars, and tuples of "
+    "those), so a later change to the object would run a stale graph. Store a plain value "
+    "in self.{name}, register a tensor with register_buffer, or pass the value to forward "
+    "as an argument."
+)
 
 
 def is_plain(value: Any) -> bool:
@@ -51,55 +94,209 @@ def is_plain(value: Any) -> bool:
     return t is tuple and all(is_plain(v) for v in value)
 
 
+def _numpy_scalar(v: Any) -> Any:
+    """``v.item()`` for a numeric numpy scalar, else None."""
+    np = sys.modules.get("numpy")
+    if np is None or not isinstance(v, np.generic) or v.dtype.kind not in "biufc":
+        return None
+    return v.item()
+
+
+def _key_value(v: Any) -> Any:
+    """The part of the key for one slot's value (with its type next to it)."""
+    t = type(v)
+    if t in _SCALAR_TYPES or v is _MISSING:
+        return v
+    if t is tuple and is_plain(v):
+        return tuple((type(x), _key_value(x)) for x in v)
+    item = _numpy_scalar(v)
+    if item is not None:
+        return item
+    return (_NOT_PLAIN, t)
+
+
+def _is_not_plain(k: Any) -> bool:
+    return type(k) is tuple and len(k) == 2 and k[0] == _NOT_PLAIN
+
+
+KeyPart = tuple[tuple[Any, ...], tuple[type, ...]]
+
+
 class ModuleAttrs:
-    """The plain attributes of ``mod``'s submodules: their names, and a key part holding
-    their current values. See Note [Plain module attributes in aot_module's key]."""
+    """The plain attribute slots of ``mod``'s submodules, the ones traces read, and the
+    key part holding their current values. See Note [Plain module attributes in
+    aot_module's key]."""
 
     def __init__(self, mod: nn.Module) -> None:
         self.names: list[str] = []
         self._slots: list[tuple[dict[str, Any], str]] = []
+        # id(submodule) -> {attribute: slot}; the submodules are kept alive by ``mod``
+        self._index: dict[int, dict[str, int]] = {}
+        always: list[int] = []
         for prefix, sub in mod.named_modules():
+            own = self._index.setdefault(id(sub), {})
+            bypasses = _defines_getattribute(type(sub))
             for attr, value in sub.__dict__.items():
                 if attr in _MODULE_INTERNALS or attr in _DERIVED_CACHES or not is_plain(value):
                     continue
+                own[attr] = len(self._slots)
+                if bypasses:  # See Note [Recording module attribute reads]
+                    always.append(len(self._slots))
                 self.names.append(f"{prefix}.{attr}" if prefix else attr)
                 self._slots.append((sub.__dict__, attr))
+        self.watched_names: list[str] = []  # the key's attributes, named for the log
         self._last_raw: list[Any] = []
-        self._pinned: list[Any] = []
-        self._last_key: tuple[tuple[Any, ...], tuple[type, ...]] = ((), ())
+        self._last_key: KeyPart = ((), ())
+        self._watched: list[int] = []
+        self._watched_slots: list[tuple[dict[str, Any], str]] = []
+        self._watch(always)
+        self._reads: set[int] | None = None  # while a compilation runs
+        self._pending: KeyPart | None = None
+        self._snapshots: dict[int, KeyPart] = {}  # id(artifacts) -> every slot's key value
 
-    def values(self) -> tuple[tuple[Any, ...], tuple[type, ...]]:
-        """The current values and their types, in ``names`` order (the part of the cache
-        key; types too, so ``2`` and ``2.0`` or ``1`` and ``True`` differ)."""
-        raw = [d.get(k, _MISSING) for d, k in self._slots]
+    def _watch(self, slots: Any) -> bool:
+        new = set(slots) - set(self._watched)
+        if not new:
+            return False
+        self._watched = sorted({*self._watched, *new})
+        self._watched_slots = [self._slots[i] for i in self._watched]
+        self.watched_names[:] = [self.names[i] for i in self._watched]
+        self._last_raw = []
+        return True
+
+    def values(self) -> KeyPart:
+        """The current values of the watched slots and their types, in ``watched_names``
+        order (types too, so ``2`` and ``2.0`` or ``1`` and ``True`` differ)."""
+        raw = [d.get(k, _MISSING) for d, k in self._watched_slots]
         # the common case: every attribute holds the very objects of the previous call
         if len(raw) == len(self._last_raw) and all(map(operator.is_, raw, self._last_raw)):
             return self._last_key
-        vals = list(raw)
-        types = [type(v) for v in vals]
-        for i, t in enumerate(types):
-            if t not in _SCALAR_TYPES:
-                vals[i] = _normalize(vals[i])
-                if vals[i] is not raw[i] and t is not tuple:
-                    # keyed by id: keep it alive so no later object reuses the id
-                    self._pinned.append(raw[i])
         self._last_raw = raw
-        self._last_key = (tuple(vals), tuple(types))
+        self._last_key = (tuple(map(_key_value, raw)), tuple(map(type, raw)))
         return self._last_key
 
+    def begin_compile(self) -> None:
+        """Start recording reads and take the snapshot of every slot."""
+        raw = [d.get(k, _MISSING) for d, k in self._slots]
+        self._pending = (tuple(map(_key_value, raw)), tuple(map(type, raw)))
+        self._reads = set()
 
-def _normalize(v: Any) -> Any:
-    if v is _MISSING:
-        return v
-    if type(v) is tuple and is_plain(v):
-        return tuple((type(x), _normalize(x)) for x in v)
-    if type(v) in _SCALAR_TYPES:
-        return v
-    return ("<aotkit: not a plain value>", type(v), id(v))
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Record the slots read in the body, when a compilation runs (the traced function
+        of aot_module enters this). See Note [Recording module attribute reads]."""
+        if self._reads is None:
+            yield
+            return
+        reads, index = self._reads, self._index
+
+        def saw(module: Any, name: str) -> None:
+            own = index.get(id(module))
+            if own is not None:
+                slot = own.get(name)
+                if slot is not None:
+                    reads.add(slot)
+
+        with recording_reads(saw):
+            yield
+
+    def end_compile(self, artifacts: Any, restored: bool) -> bool:
+        """After a compilation made ``artifacts``: keep its snapshot, watch what it read
+        (every slot if ``restored`` from the disk cache). True if the watched set grew
+        (the entries must be re-keyed with ``key_of``). Raises if the trace read a slot
+        holding a value that is not plain."""
+        reads, pending = self._reads, self._pending
+        self._reads = self._pending = None
+        assert reads is not None and pending is not None, "begin_compile first"
+        if restored:
+            reads = set(range(len(self._slots)))
+        for i in sorted(reads):
+            if _is_not_plain(pending[0][i]):
+                raise UnsupportedInputError(NOT_PLAIN_READ_MESSAGE.format(
+                    name=self.names[i], type=pending[1][i].__name__
+                ))
+        self._snapshots[id(artifacts)] = pending
+        return self._watch(reads)
+
+    def disk_identity(self, identity: str) -> str | None:
+        """``identity`` (the program's fingerprint for the on-disk cache) extended with the
+        values of every slot at the start of this compilation, or None (not cached) when a
+        slot holds a value that is not plain. See Note [Plain module attributes in
+        aot_module's key]."""
+        assert self._pending is not None, "begin_compile first"
+        vals, types = self._pending
+        if any(map(_is_not_plain, vals)):
+            return None
+        typed = repr([(t.__module__, t.__qualname__, v) for v, t in zip(vals, types, strict=True)])
+        return f"{identity}|module attributes {hashlib.sha256(typed.encode()).hexdigest()}"
+
+    def key_of(self, artifacts: Any) -> KeyPart:
+        """The key part of the entry that made ``artifacts``, for today's watched slots."""
+        vals, types = self._snapshots[id(artifacts)]
+        return tuple(vals[i] for i in self._watched), tuple(types[i] for i in self._watched)
+
+
+def rekeyed(
+    by_key: dict[tuple[Any, ...], list[Any]], entries: list[Any], attrs: ModuleAttrs
+) -> dict[tuple[Any, ...], list[Any]]:
+    """aot_module's entries under keys whose attribute part holds today's watched slots
+    (each entry's values from its snapshot), in compilation order. The key's last part is
+    ``(training flags, attribute values)``."""
+    old_key = {id(e): k for k, group in by_key.items() for e in group}
+    result: dict[tuple[Any, ...], list[Any]] = {}
+    for e in entries:
+        k = old_key[id(e)]
+        result.setdefault((*k[:-1], (k[-1][0], attrs.key_of(e[2]))), []).append(e)
+    return result
+
+
+def _defines_getattribute(cls: type) -> bool:
+    for c in cls.__mro__:
+        if c is nn.Module:
+            return False
+        if "__getattribute__" in c.__dict__:
+            return True
+    return True
+
+
+# See Note [Recording module attribute reads]
+_LOCK = threading.Lock()
+_ACTIVE: tuple[Callable[[Any, str], None], ...] = ()
+_BASE: list[Any] = [object.__getattribute__]
+
+
+def _recording_getattribute(self: Any, name: str) -> Any:
+    for saw in _ACTIVE:
+        saw(self, name)
+    return _BASE[0](self, name)
+
+
+@contextlib.contextmanager
+def recording_reads(saw: Callable[[Any, str], None]) -> Iterator[None]:
+    """Call ``saw(module, name)`` for every attribute read of any nn.Module in the body.
+    See Note [Recording module attribute reads]."""
+    global _ACTIVE
+    with _LOCK:
+        if not _ACTIVE:
+            _BASE[0] = nn.Module.__dict__.get("__getattribute__", object.__getattribute__)
+            nn.Module.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
+        _ACTIVE = (*_ACTIVE, saw)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            rest = list(_ACTIVE)
+            rest.remove(saw)
+            _ACTIVE = tuple(rest)
+            if not _ACTIVE:
+                if _BASE[0] is object.__getattribute__:
+                    del nn.Module.__getattribute__
+                else:
+                    nn.Module.__getattribute__ = _BASE[0]  # type: ignore[method-assign]
 
 
 def explain_attr_change(
-    names: list[str], old: tuple[Any, ...], new: tuple[Any, ...]
+    names: list[str], old: KeyPart, new: KeyPart
 ) -> list[str]:
     """One sentence per changed attribute, for the ``recompiles`` log (``old``/``new`` are
     ``ModuleAttrs.values()`` results)."""
@@ -107,7 +304,7 @@ def explain_attr_change(
     def show(v: Any, t: type) -> str:
         if v is _MISSING:
             return "<deleted>"
-        if isinstance(v, tuple) and v and v[0] == "<aotkit: not a plain value>":
+        if _is_not_plain(v):
             return f"a {t.__name__}"
         if t is tuple:
             return repr(tuple(_plain_of(x) for x in v))
@@ -115,6 +312,8 @@ def explain_attr_change(
 
     reasons = []
     (old_vals, old_types), (new_vals, new_types) = old, new
+    if len(old_vals) != len(new_vals):  # the watched slots changed in between
+        return ["the module attributes the graphs read changed"]
     for i, (a, b, ta, tb) in enumerate(zip(old_vals, new_vals, old_types, new_types, strict=True)):
         if a == b and ta is tb:
             continue
