@@ -197,7 +197,8 @@ def _compile_flat(
             try:
                 kwargs = _prepare(copied[0], gm, fake_inputs, fake_mode, role)
                 compiled = compile_fx_inner(copied[0], fake_inputs, **kwargs)
-                _inductor_cache.remember(gm, compiled, fake_inputs, kwargs)
+                if not donation.withheld:  # its key can't say it reuses no donated buffer
+                    _inductor_cache.remember(gm, compiled, fake_inputs, kwargs)
                 return _boxed_with_structure(compiled, copied[1])
             except Exception as e:  # re-traced below, where a real error raises again
                 _log.debug("Inductor refused the graph as traced (%s); re-tracing it", e)
