@@ -46,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     import aotkit  # noqa: F401  (registers aotkit's dynamo backends)
-    import torch._inductor.lowering  # noqa: F401  (Inductor's lowerings, imported once)
+    from torch._inductor import lowering  # noqa: F401  (Inductor's lowerings, imported once)
 
     kinds = args.backends.split(",")
     trainers = {}
