@@ -10,7 +10,11 @@ fresh memory where it could reuse saved activations).
         --backends aotkit_inductor,inductor --rounds 9 --steps 10
 
 The machine is shared: CPU clocks, alternation, and report ``uptime`` next to numbers.
-Page faults depend on the allocator's state, which both backends share in one process.
+Page faults depend on the allocator's state, which both backends share in one process:
+which backend pays for glibc returning memory to the OS (and faulting it back in) depends
+on the order and on the other's pattern. To compare the compiled code alone, run with
+``MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967295`` (no faults in the
+steady state).
 """
 
 from __future__ import annotations
