@@ -33,13 +33,14 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from aotkit_schemas import get_logger, mark_cache_key
+from aotkit_schemas import get_logger, mark_cache_key, mark_uses_donated_inputs
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from . import _inductor_cache
 from ._boxing import BoxedCallable
+from ._inductor_donation import Donation, inductor_donation
 from ._inductor_passes import (
     USER_VISIBLE_OUTPUTS_KEY,
     GraphRole,
@@ -156,11 +157,6 @@ def _compile(
         if problem is not None:
             raise InductorUnavailableError(problem)
 
-    # Imported here, not at the top: importing Inductor costs seconds, and a missing or
-    # broken Inductor must not break ``import aotkit_backends`` (checked above).
-    from torch._inductor.compile_fx import compile_fx_inner
-    from torch._inductor.decomposition import select_decomp_table
-
     # See Note [Unlifted tokens for Inductor]
     unlifted = unlift_tokens(gm)
     if unlifted is not None:
@@ -168,10 +164,29 @@ def _compile(
             unlifted.gm, unlifted.example_inputs(example_inputs), retrace=retrace, role=role
         )
         return unlifted.lifted_call(inner)  # type: ignore[return-value]
+    with inductor_donation(gm) as donation:
+        compiled = _compile_flat(gm, example_inputs, retrace, role, donation)
+    if donation.used:
+        mark_uses_donated_inputs(compiled)
+    return compiled
+
+
+def _compile_flat(
+    gm: torch.fx.GraphModule,
+    example_inputs: Sequence[Any],
+    retrace: bool,
+    role: GraphRole | None,
+    donation: Donation,
+) -> BoxedCallable:
+    # Imported here, not at the top: importing Inductor costs seconds, and a missing or
+    # broken Inductor must not break ``import aotkit_backends`` (checked in ``_compile``).
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._inductor.decomposition import select_decomp_table
+
     fake_mode, fake_inputs = _fakify(example_inputs)
     with _allow_non_fake_inputs(fake_mode):
         spec = None if retrace else _flat_spec(gm)
-        if spec is not None:
+        if spec is not None and not donation.withheld:
             # See Note [Inductor artifact keys]: a graph restored from aotkit's disk cache
             # may carry the key of Inductor's artifact
             loaded = _inductor_cache.load(gm, fake_inputs, compile_kwargs_for_role(gm, role))
@@ -182,7 +197,8 @@ def _compile(
             try:
                 kwargs = _prepare(copied[0], gm, fake_inputs, fake_mode, role)
                 compiled = compile_fx_inner(copied[0], fake_inputs, **kwargs)
-                _inductor_cache.remember(gm, compiled, fake_inputs, kwargs)
+                if not donation.withheld:  # its key can't say it reuses no donated buffer
+                    _inductor_cache.remember(gm, compiled, fake_inputs, kwargs)
                 return _boxed_with_structure(compiled, copied[1])
             except Exception as e:  # re-traced below, where a real error raises again
                 _log.debug("Inductor refused the graph as traced (%s); re-tracing it", e)

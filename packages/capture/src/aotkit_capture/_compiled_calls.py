@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._autocast import autocast_at_compile, run_without_autocast, without_autocast_compiling
 from ._context import track_graph_compiling
+from ._donated_buffers import donated_inputs_offered, keep_donation_mark
 from ._gc import deferred_full_collections
 from ._grad_mode_kernels import compiler_kernel_choices, symbolic_dispatch
 from ._graph_facts import (
@@ -105,6 +106,7 @@ def _backward_compiler(
     cfg: AOTConfig,
     n_bw_tokens: int = 0,
     saved_strides: Strides | None = None,
+    donated: Sequence[int] | None = None,
 ) -> Callable[[], Callable[..., Any]]:
     bw_module = partition.bw_module
     with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
@@ -135,11 +137,11 @@ def _backward_compiler(
             _tracing_context(fake_mode, symbolic),
             track_graph_compiling(cfg, "backward"),
         ):
-            with no_amp, compiler_kernel_choices():
-                compiled: Callable[..., Any] = backward_with_tokens(
-                    cfg.bw_compiler(bw_module, bw_example), n_bw_tokens
-                )
-        return run_without_autocast(compiled, disable_amp)
+            # See Note [Donated buffers reused by the backward's compiler] in aotkit_schemas
+            with no_amp, compiler_kernel_choices(), donated_inputs_offered(bw_module, donated):
+                raw = cfg.bw_compiler(bw_module, bw_example)
+                compiled: Callable[..., Any] = backward_with_tokens(raw, n_bw_tokens)
+        return keep_donation_mark(raw, run_without_autocast(compiled, disable_amp))
 
     return compile_backward
 
@@ -168,7 +170,9 @@ def training_call(
         compiled_fw = forward_with_tokens(cfg.fw_compiler(fw_module, fw_example), n_tok)
     compiled_fw = run_without_autocast(compiled_fw, disable_amp)
     saved_strides = saved_tensor_strides(fw_strides, partition)
-    compile_backward = _backward_compiler(partition, fake, cfg, n_bw_tok, saved_strides)
+    # donated positions count no effect tokens: none offered with tokens
+    donated = None if n_bw_tok else meta.bw_donated_idxs
+    compile_backward = _backward_compiler(partition, fake, cfg, n_bw_tok, saved_strides, donated)
     plan = AutogradPlan(
         meta=meta,
         num_saved_tensors=partition.num_saved_tensors,

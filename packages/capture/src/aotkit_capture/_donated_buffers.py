@@ -11,22 +11,30 @@
 # ``(*saved_symints, *saved_tensors, *tangents)``, so the count of saved SymInts is added.
 # A graph with a metadata-mutation op (an ``inplace_view`` op such as ``as_strided_``)
 # makes the list empty: its traced values do not show the final layouts. With the flag off
-# the field stays None. Nothing in aotkit's runtime frees donated buffers early (the
-# boxed backward already frees each saved tensor at its last use, Note [Boxed calling
-# convention]), so ``retain_graph=True`` stays allowed; the list is what torch logs (the
-# ``aot_graphs`` artifact's metadata line) and what selects the saved tensors that inlined
-# saved-tensor hooks apply to in torch's ``"donated"`` filtering mode.
+# the field stays None. The list is what torch logs (the ``aot_graphs`` artifact's metadata
+# line), what selects the saved tensors that inlined saved-tensor hooks apply to in
+# torch's ``"donated"`` filtering mode, and what the backward's compiler is offered to
+# reuse in place (See Note [Donated buffers reused by the backward's compiler] in
+# aotkit_schemas: ``retain_graph=True`` stays allowed unless the compiler reuses them).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 import torch._functorch.config as functorch_config
-from aotkit_schemas import PartitionResult, ViewAndMutationMeta
+from aotkit_schemas import (
+    DONATED_INPUTS_KEY,
+    DonatedInputs,
+    PartitionResult,
+    ViewAndMutationMeta,
+    mark_uses_donated_inputs,
+    uses_donated_inputs,
+)
 from torch._subclasses.fake_tensor import is_fake
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -92,3 +100,26 @@ def _storage(t: Any) -> StorageWeakRef | None:
     if not isinstance(t, torch.Tensor) or not is_fake(t) or t.layout != torch.strided:
         return None
     return StorageWeakRef(t.untyped_storage())  # type: ignore[no-untyped-call]
+
+
+@contextlib.contextmanager
+def donated_inputs_offered(bw_module: torch.fx.GraphModule, idxs: Sequence[int] | None) -> Any:
+    """While the backward graph is compiled, tell the compiler which of its inputs are
+    donated buffers it may reuse (none when the compiling backward keeps its graph). See
+    Note [Donated buffers reused by the backward's compiler] in aotkit_schemas."""
+    if not idxs or not functorch_config.donated_buffer:
+        yield
+        return
+    keep_graph = torch._C._autograd._get_current_graph_task_keep_graph()
+    bw_module.meta[DONATED_INPUTS_KEY] = DonatedInputs(tuple(idxs), withheld=keep_graph)
+    try:
+        yield
+    finally:
+        bw_module.meta.pop(DONATED_INPUTS_KEY, None)
+
+
+def keep_donation_mark(raw: Callable[..., Any], wrapped: Callable[..., Any]) -> Callable[..., Any]:
+    """``wrapped`` (a wrapper of the compiled backward ``raw``) marked as ``raw`` is."""
+    if wrapped is not raw and uses_donated_inputs(raw):
+        mark_uses_donated_inputs(wrapped)
+    return wrapped

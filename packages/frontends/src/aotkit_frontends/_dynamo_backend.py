@@ -60,7 +60,7 @@ from aotkit_backends import (
     nop,
 )
 from aotkit_partitioners import min_cut_rematerialization_partition
-from aotkit_schemas import mark_cache_key
+from aotkit_schemas import mark_cache_key, mark_uses_donated_inputs, uses_donated_inputs
 from torch._decomp import get_decompositions
 from torch.utils._python_dispatch import _disable_current_modes
 
@@ -158,7 +158,10 @@ def _disable_backward(bw_compiler: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(bw_compiler)
     def compile_backward(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
         compiled = _disable(bw_compiler, "do not trace the backward compiler")(gm, example_inputs)
-        return _disable(compiled, "do not trace the compiled backward")
+        disabled = _disable(compiled, "do not trace the compiled backward")
+        if uses_donated_inputs(compiled):  # See Note [Donated buffers reused by the backward's compiler]
+            mark_uses_donated_inputs(disabled)
+        return disabled
 
     compile_backward._aotkit_disabled_bw = True  # type: ignore[attr-defined]
     return compile_backward

@@ -62,7 +62,14 @@ from typing import Any
 
 import torch
 from aotkit_functional import as_plain_tensor
-from aotkit_schemas import OutputType, ViewAndMutationMeta, stealing_entry, unboxed_entry
+from aotkit_schemas import (
+    DONATED_BUFFER_KEEP_GRAPH_ERROR,
+    OutputType,
+    ViewAndMutationMeta,
+    stealing_entry,
+    unboxed_entry,
+    uses_donated_inputs,
+)
 
 from ._call import as_list_caller
 from ._subclass import SubclassZeros
@@ -179,6 +186,9 @@ def make_autograd_function(
     stale = dict(plan.stale_tangents)
     backward_mutated_inputs = plan.backward_mutated_inputs
     bw_holder: list[Callable[[list[Any]], Sequence[Any]]] = []
+    # set when the compiled backward reuses donated buffers (See Note [Donated buffers
+    # reused by the backward's compiler] in aotkit_schemas)
+    donating: list[bool] = []
     tangent_deps = plan.tangent_deps
     # See Note [Zero tangents of subclass outputs]
     subclass_zeros = plan.subclass_zeros
@@ -247,7 +257,13 @@ def make_autograd_function(
             if backward_mutated_inputs and torch.is_grad_enabled():
                 raise RuntimeError(BACKWARD_MUTATION_CREATE_GRAPH)
             if not bw_holder:
-                bw_holder.append(_backward_caller(compiled_bw()))
+                compiled = compiled_bw()
+                bw_holder.append(_backward_caller(compiled))
+                if uses_donated_inputs(compiled):
+                    donating.append(True)
+            if donating and torch._C._autograd._get_current_graph_task_keep_graph():
+                # See Note [Donated buffers reused by the backward's compiler]
+                raise RuntimeError(DONATED_BUFFER_KEEP_GRAPH_ERROR)
             bw = bw_holder[0]
             tangents = [grads[i] for i in tangent_positions]
             unused: frozenset[int] = frozenset()

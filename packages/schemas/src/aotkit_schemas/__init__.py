@@ -15,6 +15,11 @@ from ._disk_cache_config import DiskCacheConfig as DiskCacheConfig
 from ._disk_cache_config import disk_cache_config as disk_cache_config
 from ._disk_cache_config import disk_cache_dir as disk_cache_dir
 from ._disk_cache_config import disk_cache_enabled as disk_cache_enabled
+from ._donated_inputs import DONATED_BUFFER_KEEP_GRAPH_ERROR as DONATED_BUFFER_KEEP_GRAPH_ERROR
+from ._donated_inputs import DONATED_INPUTS_KEY as DONATED_INPUTS_KEY
+from ._donated_inputs import DonatedInputs as DonatedInputs
+from ._donated_inputs import mark_uses_donated_inputs as mark_uses_donated_inputs
+from ._donated_inputs import uses_donated_inputs as uses_donated_inputs
 from ._json import JSON_SCHEMA_VERSION as JSON_SCHEMA_VERSION
 from ._json import CacheFormatError as CacheFormatError
 from ._json import TensorSpec as TensorSpec
@@ -130,6 +135,10 @@ __all__ = [
     "mark_graph_reader",
     "mark_lazy_unboxed_entry",
     "mark_stealing_entry",
+    "mark_uses_donated_inputs",
+    "DONATED_BUFFER_KEEP_GRAPH_ERROR",
+    "DONATED_INPUTS_KEY",
+    "DonatedInputs",
     "mark_unboxed_entry",
     "mutation_can_stay_in_graph",
     "num_unwrapped",
@@ -140,4 +149,5 @@ __all__ = [
     "set_logs",
     "stealing_entry",
     "unboxed_entry",
+    "uses_donated_inputs",
 ]
