@@ -77,6 +77,7 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
+from ._grad_flags import FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
 from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
@@ -109,6 +110,11 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
 
     supports_higher_order_operators = True
 
+    def __init__(self, flags: GradFlags | None = None) -> None:
+        super().__init__()
+        # See Note [Fake-cache keys of the single pass's forward]
+        self.flags = flags
+
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         # lets torch.cond & co. trace their branches with dynamo under this mode
@@ -124,7 +130,13 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
     ) -> Any:
         if needs_python_functionalization(func):
             raise NotSinglePass(python_mode_reason(func))
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if self.flags is not None:
+            try:
+                self.flags.after_op(args, out)
+            except FlagRead as e:
+                raise NotSinglePass(str(e)) from None
+        return out
 
 
 class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
@@ -316,8 +328,14 @@ def trace_single_pass(
     def joint(primals: list[Any]) -> list[Any]:
         with natively_functionalized():
             f_primals = [to_native_functional(p) for p in primals]
-            with _FunctionGate(), _NativeOpGate():  # type: ignore[no-untyped-call]
-                outs = list(flat_fn(*f_primals))
+            # See Note [Fake-cache keys of the single pass's forward]
+            flags = None if decompositions else GradFlags()
+            try:
+                with _FunctionGate(), _NativeOpGate(flags):
+                    outs = list(flat_fn(*f_primals))
+            finally:
+                if flags is not None:
+                    flags.clear()
             if not torch.is_grad_enabled():
                 raise NotSinglePass("the function changed grad mode")
             if any(isinstance(o, torch.Tensor) and is_traceable_wrapper_subclass(o) for o in outs):
