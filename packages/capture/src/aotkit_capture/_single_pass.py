@@ -111,7 +111,7 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
     supports_higher_order_operators = True
 
     def __init__(self, flags: GradFlags | None = None) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         # See Note [Fake-cache keys of the single pass's forward]
         self.flags = flags
 
