@@ -79,7 +79,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 
 from ._grad_flags import FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
-from ._rng_replay import keyed_rng, replay_rng_inplace
+from ._rng_replay import draws_randomness, keyed_rng, replay_rng_inplace, unkeyed_if_nothing_drew
 from ._saved_detaches import (
     SavedOutputRecorder,
     forward_end,
@@ -361,11 +361,14 @@ def trace_single_pass(
             # See Note [Detach nodes of saved outputs]
             saved_outputs.watch([outs[j] for j in positions])
             try:
-                grads, failed = primal_grads(
-                    [(k, outs[j], f_tangents[k]) for k, j in enumerate(positions)], f_primals
-                )
+                # See Note [An unkeyed backward]
+                with unkeyed_if_nothing_drew() as unkeyed:
+                    grads, failed = primal_grads(
+                        [(k, outs[j], f_tangents[k]) for k, j in enumerate(positions)], f_primals
+                    )
             finally:
                 saved_outputs.close()
+            found["unkeyed_backward"] = unkeyed
             stale_tangents.update(failed)
             if any(
                 mutation_count(fp) != n or has_metadata_mutation(fp, p)
@@ -409,6 +412,10 @@ def trace_single_pass(
     )
     if kept is not None:  # an effectful op in a custom backward, for one
         raise NotSinglePass(f"the traced graph keeps {kept.target}, which the Python mode rewrites")
+    if found["unkeyed_backward"] and draws_randomness(gm.graph):
+        # the forward drew nothing, so every random op is the backward's: See Note [An
+        # unkeyed backward]
+        raise NotSinglePass("a random op in the backward of a forward that draws none")
     replay_rng_inplace(gm)  # See Note [RNG replay keys]
     tangents: list[torch.Tensor] = found["tangents"]
     # See Note [Forward and backward tags]
