@@ -22,6 +22,15 @@
 # prove it on); their recomputations draw afresh, as before. Only with functionalized RNG
 # on (Note [Functionalized RNG] in aotkit_schemas).
 #
+# Note [An unkeyed backward]
+# The keying mode is a Python dispatch layer every op of the trace passes through. A
+# replay needs a random op run twice from one generator state; if the forward ran no
+# random op, the backward could replay only a draw of its own, after resetting the
+# generator itself. The single pass therefore runs the backward without the mode when
+# the forward drew nothing (``unkeyed_if_nothing_drew``), and abandons its graph for the
+# two-pass flow, whose trace keys everything, if that backward traced any random op
+# (``draws_randomness``). Programs with dropout keep the mode throughout.
+#
 # Note [Checkpointed random ops with functionalized RNG off]
 # With the switch off, graphs hold no RNG state ops, so a checkpointed region's
 # recomputation would draw a new mask where eager replays the forward's: the gradients
@@ -31,10 +40,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import torch
@@ -42,9 +52,14 @@ import torch.fx
 from aotkit_schemas import functionalize_rng_enabled
 from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    _get_current_dispatch_mode,
+    _pop_mode_temporarily,
+)
 
-__all__ = ["keyed_rng", "replay_rng_inplace"]
+__all__ = ["draws_randomness", "keyed_rng", "replay_rng_inplace", "unkeyed_if_nothing_drew"]
 
 _KEY = "aotkit_rng_key"
 
@@ -79,6 +94,10 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
 
     supports_higher_order_operators = True
 
+    def __init__(self) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.draws = 0  # random ops seen (See Note [An unkeyed backward])
+
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         # lets torch.cond & co. trace their branches with dynamo under this mode
@@ -94,6 +113,7 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
     ) -> Any:
         if not _draws(func):
             return func(*args, **(kwargs or {}))
+        self.draws += 1
         mode = get_proxy_mode()
         graph = mode.tracer.graph if mode is not None else None
         before = set(graph.nodes) if graph is not None else set()
@@ -108,6 +128,24 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         with _disable_current_modes():
             torch.default_generator.manual_seed(int.from_bytes(key[:8], "little") >> 1)
         return out
+
+
+@contextlib.contextmanager
+def unkeyed_if_nothing_drew() -> Iterator[bool]:
+    """Inside ``keyed_rng``'s trace: while no random op has run yet, take the keying mode
+    off the dispatch stack for the block. Yields whether it did; if so, the caller must
+    refuse a graph whose block traced a random op. See Note [An unkeyed backward]."""
+    mode = _get_current_dispatch_mode()
+    if not isinstance(mode, _RngKeys) or mode.draws:
+        yield False
+        return
+    with _pop_mode_temporarily():
+        yield True
+
+
+def draws_randomness(graph: torch.fx.Graph) -> bool:
+    """Whether ``graph`` holds a random op (See Note [An unkeyed backward])."""
+    return any(n.op == "call_function" and _draws(n.target) for n in graph.nodes)
 
 
 def keyed_rng(fn: Callable[..., Any]) -> Callable[..., Any]:

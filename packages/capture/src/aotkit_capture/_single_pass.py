@@ -78,8 +78,9 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
+from ._grad_flags import FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
-from ._rng_replay import keyed_rng, replay_rng_inplace
+from ._rng_replay import draws_randomness, keyed_rng, replay_rng_inplace, unkeyed_if_nothing_drew
 from ._saved_detaches import (
     SavedOutputRecorder,
     forward_end,
@@ -110,6 +111,11 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
 
     supports_higher_order_operators = True
 
+    def __init__(self, flags: GradFlags | None = None) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        # See Note [Fake-cache keys of the single pass's forward]
+        self.flags = flags
+
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         # lets torch.cond & co. trace their branches with dynamo under this mode
@@ -125,7 +131,13 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
     ) -> Any:
         if needs_python_functionalization(func):
             raise NotSinglePass(python_mode_reason(func))
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if self.flags is not None:
+            try:
+                self.flags.after_op(args, out)
+            except FlagRead as e:
+                raise NotSinglePass(str(e)) from None
+        return out
 
 
 class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
@@ -324,8 +336,14 @@ def trace_single_pass(
     def joint(primals: list[Any]) -> list[Any]:
         with natively_functionalized():
             f_primals = [to_native_functional(p) for p in primals]
-            with _FunctionGate(), _NativeOpGate():  # type: ignore[no-untyped-call]
-                outs = list(flat_fn(*f_primals))
+            # See Note [Fake-cache keys of the single pass's forward]
+            flags = None if decompositions else GradFlags()
+            try:
+                with _FunctionGate(), _NativeOpGate(flags):
+                    outs = list(flat_fn(*f_primals))
+            finally:
+                if flags is not None:
+                    flags.clear()
             if not torch.is_grad_enabled():
                 raise NotSinglePass("the function changed grad mode")
             if any(isinstance(o, torch.Tensor) and is_traceable_wrapper_subclass(o) for o in outs):
@@ -351,11 +369,14 @@ def trace_single_pass(
             # See Note [Detach nodes of saved outputs]
             saved_outputs.watch([outs[j] for j in positions])
             try:
-                grads, failed = primal_grads(
-                    [(k, outs[j], f_tangents[k]) for k, j in enumerate(positions)], f_primals
-                )
+                # See Note [An unkeyed backward]
+                with unkeyed_if_nothing_drew() as unkeyed:
+                    grads, failed = primal_grads(
+                        [(k, outs[j], f_tangents[k]) for k, j in enumerate(positions)], f_primals
+                    )
             finally:
                 saved_outputs.close()
+            found["unkeyed_backward"] = unkeyed
             stale_tangents.update(failed)
             if any(
                 mutation_count(fp) != n or has_metadata_mutation(fp, p)
@@ -399,6 +420,10 @@ def trace_single_pass(
     )
     if kept is not None:  # an effectful op in a custom backward, for one
         raise NotSinglePass(f"the traced graph keeps {kept.target}, which the Python mode rewrites")
+    if found["unkeyed_backward"] and draws_randomness(gm.graph):
+        # the forward drew nothing, so every random op is the backward's: See Note [An
+        # unkeyed backward]
+        raise NotSinglePass("a random op in the backward of a forward that draws none")
     replay_rng_inplace(gm)  # See Note [RNG replay keys]
     tangents: list[torch.Tensor] = found["tangents"]
     # See Note [Forward and backward tags]

@@ -1,0 +1,170 @@
+"""The single pass's forward presents fake tensors with autograd's requires_grad flags so
+FakeTensorMode's cache hits dynamo's entries (Note [Fake-cache keys of the single pass's
+forward]): the same graphs, node meta and training results as without the flags, fewer
+fake-kernel runs, and no flag left behind."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import aotkit
+import aotkit_capture._single_pass as single_pass_module
+import pytest
+import torch
+import torch._dynamo
+import torch.nn as nn
+from aotkit_capture import CompiledArtifacts, record_compilations
+from aotkit_capture._grad_flags import FlagRead, GradFlags
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Iterator[None]:
+    aotkit.register_dynamo_backends()
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
+
+
+def _convnet() -> nn.Module:
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1)
+    )
+
+
+def _attention() -> nn.Module:
+    return nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
+
+
+MODELS: list[tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor]]] = [
+    ("mlp", _mlp, lambda: torch.randn(4, 8)),
+    ("convnet", _convnet, lambda: torch.randn(2, 3, 6, 6)),
+    ("attention", _attention, lambda: torch.randn(2, 5, 8)),
+]
+
+
+def _node_facts(gm: torch.fx.GraphModule) -> list[tuple[Any, ...]]:
+    facts = []
+    for n in gm.graph.nodes:
+        val = n.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else (val,)
+        tm = n.meta.get("tensor_meta")
+        tms = tm if isinstance(tm, (tuple, list)) else (tm,)
+        facts.append(
+            (
+                n.name,
+                n.op,
+                str(n.target),
+                tuple(
+                    (v.shape, v.stride(), v.dtype, v.requires_grad)
+                    for v in vals
+                    if isinstance(v, torch.Tensor)
+                ),
+                tuple(getattr(t, "requires_grad", None) for t in tms),
+                n.meta.get("partitioner_tag"),
+            )
+        )
+    return facts
+
+
+def _compile_and_train(
+    make: Callable[[], nn.Module], x: torch.Tensor
+) -> tuple[list[CompiledArtifacts], torch.Tensor, list[torch.Tensor], list[torch.Tensor], int]:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = make().train()
+    misses = FakeTensorMode.cache_misses
+    with record_compilations() as records:
+        out = torch.compile(model, backend="aotkit_eager")(x)
+        out.sum().backward()
+    misses = FakeTensorMode.cache_misses - misses
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return list(records), out.detach(), grads, [b.clone() for b in model.buffers()], misses
+
+
+@pytest.mark.parametrize("name,make,make_input", MODELS, ids=[m[0] for m in MODELS])
+def test_flags_change_no_graph_and_no_result(
+    name: str,
+    make: Callable[[], nn.Module],
+    make_input: Callable[[], torch.Tensor],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    x = make_input()
+    records, out, grads, buffers, _ = _compile_and_train(make, x)
+    assert [r.path for r in records] == ["single pass"], [r.path_reason for r in records]
+    with monkeypatch.context() as m:
+        m.setattr(single_pass_module, "GradFlags", lambda: None)
+        plain, out2, grads2, buffers2, _ = _compile_and_train(make, x)
+    assert [r.path for r in plain] == ["single pass"]
+    for mod in ("joint_module", "fw_module", "bw_module"):
+        a, b = getattr(records[0], mod, None), getattr(plain[0], mod, None)
+        if a is None and b is None:
+            continue
+        assert a is not None and b is not None, mod
+        assert a.code == b.code, mod
+        assert _node_facts(a) == _node_facts(b), mod
+    assert torch.equal(out, out2) and not out.requires_grad
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads2, strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(buffers, buffers2, strict=True))
+
+
+def test_flags_let_the_forward_hit_dynamos_fake_cache_entries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GELU and LayerNorm run Python decompositions in their fake kernels: dynamo ran them
+    # on the same fake mode with autograd's flags; a key with the same flags hits
+    x = torch.randn(4, 8)
+    FakeTensorMode.cache_clear()
+    *_, with_flags = _compile_and_train(_mlp, x)
+    FakeTensorMode.cache_clear()
+    with monkeypatch.context() as m:
+        m.setattr(single_pass_module, "GradFlags", lambda: None)
+        *_, without = _compile_and_train(_mlp, x)
+    assert with_flags < without, (with_flags, without)
+
+
+def test_no_flag_is_left_on_a_traced_value() -> None:
+    # every flag set in the forward is cleared when the forward ends: the joint's values
+    # and the forward outputs handed on carry the flags autograd's level had, not ours
+    records, *_ = _compile_and_train(_mlp, torch.randn(4, 8))
+    joint = records[0].joint_module
+    assert joint is not None
+    for n in joint.graph.nodes:
+        val = n.meta.get("val")
+        if isinstance(val, torch.Tensor) and n.op != "placeholder":
+            assert not val.requires_grad, n.name
+
+
+def test_an_output_that_already_requires_grad_stops_the_flags() -> None:
+    # a fake kernel that copied the flag onto its output (a reference implementation)
+    # could have read it: the single pass is abandoned for the two-pass flow
+    with FakeTensorMode():
+        a = torch.empty(3, requires_grad=True)
+        out = torch.empty(3)
+        out.requires_grad = True
+    flags = GradFlags()
+    with pytest.raises(FlagRead):
+        flags.after_op([a], out)
+
+
+def test_flags_follow_grad_mode_and_dtype_and_are_cleared() -> None:
+    with FakeTensorMode():
+        a = torch.empty(3, requires_grad=True)
+        b = torch.empty(3)
+        f, i = torch.empty(3), torch.empty(3, dtype=torch.int64)
+    flags = GradFlags()
+    flags.after_op([b], f)
+    assert not f.requires_grad  # no argument requires grad
+    with torch.no_grad():
+        flags.after_op([a], f)
+    assert not f.requires_grad  # grad mode off
+    flags.after_op([a, b], (f, i))
+    assert f.requires_grad and not i.requires_grad
+    flags.after_op([a], a)  # an op returning its argument leaves it alone
+    flags.clear()
+    assert not f.requires_grad and a.requires_grad
