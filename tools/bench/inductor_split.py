@@ -58,8 +58,16 @@ def _op_name(node: torch.fx.Node) -> str:
     return str(getattr(t, "__name__", t)) if node.op == "call_function" else node.op
 
 
-def _recording_inner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *a: Any, **kw: Any) -> Any:
-    role = "backward" if kw.get("is_backward") else "inference" if kw.get("is_inference") else "forward"
+def _recording_inner(
+    gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *a: Any, **kw: Any
+) -> Any:
+    role = (
+        "backward"
+        if kw.get("is_backward")
+        else "inference"
+        if kw.get("is_inference")
+        else "forward"
+    )
     ops = collections.Counter(_op_name(n) for n in gm.graph.nodes if n.op == "call_function")
     out = gm.graph.find_nodes(op="output")[0].args[0]
     keys: set[str] = set()
@@ -72,8 +80,15 @@ def _recording_inner(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *a
         return _inner(gm, example_inputs, *a, **kw)
     finally:
         RECORDS.append(
-            GraphRecord(role, len(gm.graph.nodes), ops, time.process_time() - t0, nin,
-                        len(out) if isinstance(out, list | tuple) else 1, frozenset(keys))
+            GraphRecord(
+                role,
+                len(gm.graph.nodes),
+                ops,
+                time.process_time() - t0,
+                nin,
+                len(out) if isinstance(out, list | tuple) else 1,
+                frozenset(keys),
+            )
         )
 
 
@@ -94,7 +109,9 @@ def one_step(name: str, backend: str) -> tuple[float, list[GraphRecord], dict[st
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--models", default="gpt2,resnet18")
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--ops", action="store_true", help="print per-op count differences per graph")
@@ -107,8 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             one_step(name, b)
         steps: dict[str, list[float]] = {b: [] for b in backends}
         inductor: dict[str, list[float]] = {b: [] for b in backends}
-        phases: dict[str, dict[str, list[float]]] = {b: collections.defaultdict(list) for b in backends}
-        last: dict[str, list[GraphRecord]] = {}
+        phases: dict[str, dict[str, list[float]]] = {
+            b: collections.defaultdict(list) for b in backends
+        }
+        per_graph: dict[str, list[list[GraphRecord]]] = {b: [] for b in backends}
         for _ in range(args.reps):
             for b in backends:
                 s, recs, ph = one_step(name, b)
@@ -116,23 +135,37 @@ def main(argv: Sequence[str] | None = None) -> int:
                 inductor[b].append(sum(r.seconds for r in recs))
                 for k, v in ph.items():
                     phases[b][k].append(v)
-                last[b] = recs
+                per_graph[b].append(recs)
         load = os.getloadavg()[0]
         print(f"\n== {name} (CPU s, median of {args.reps}, load {load:.1f})")
         for b in backends:
-            print(f"  {b:16s} step {statistics.median(steps[b]):.3f}  inductor {statistics.median(inductor[b]):.3f}")
+            print(
+                f"  {b:16s} step {statistics.median(steps[b]):.3f}  inductor {statistics.median(inductor[b]):.3f}"
+            )
         ratio = statistics.median(steps[backends[0]]) / statistics.median(steps[backends[1]])
         print(f"  first-step ratio {ratio:.3f}")
-        keys = sorted(set(phases[backends[0]]) | set(phases[backends[1]]),
-                      key=lambda k: -statistics.median(phases[backends[1]].get(k, [0.0])))
+        keys = sorted(
+            set(phases[backends[0]]) | set(phases[backends[1]]),
+            key=lambda k: -statistics.median(phases[backends[1]].get(k, [0.0])),
+        )
         print("  phase (wall s, median)                          aotkit   torch")
         for k in keys[:30]:
             a = statistics.median(phases[backends[0]].get(k, [0.0]))
             t = statistics.median(phases[backends[1]].get(k, [0.0]))
             print(f"  {k[:46]:46s} {a:8.3f} {t:8.3f}")
+        last = {b: per_graph[b][-1] for b in backends}
+
+        def graph_seconds(
+            b: str, i: int, per_graph: dict[str, list[list[GraphRecord]]] = per_graph
+        ) -> float:
+            return statistics.median(recs[i].seconds for recs in per_graph[b] if len(recs) > i)
+
         for i, (ra, rt) in enumerate(zip(last[backends[0]], last[backends[1]], strict=False)):
-            print(f"  graph {i} {ra.role}/{rt.role}: nodes {ra.nodes}/{rt.nodes} in {ra.inputs}/{rt.inputs}"
-                  f" out {ra.outputs}/{rt.outputs} time {ra.seconds:.3f}/{rt.seconds:.3f}")
+            print(
+                f"  graph {i} {ra.role}/{rt.role}: nodes {ra.nodes}/{rt.nodes} in {ra.inputs}/{rt.inputs}"
+                f" out {ra.outputs}/{rt.outputs} CPU s (median) {graph_seconds(backends[0], i):.3f}"
+                f"/{graph_seconds(backends[1], i):.3f}"
+            )
             if args.ops:
                 for op in sorted(set(ra.ops) | set(rt.ops)):
                     if ra.ops[op] != rt.ops[op]:
