@@ -121,6 +121,64 @@ def _recording_inner(
     return calls
 
 
+def test_the_copy_inductor_compiles_has_no_detach_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # See Note [Inductor's copy has no detach nodes]: a detach read by an op, one returned
+    # as an output next to its input, and a detach of a detach; the caller's graph keeps
+    # them, Inductor's copy reads their inputs, and the values are eager's
+    from torch._inductor.decomposition import select_decomp_table
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> list[torch.Tensor]:
+        t = a.tanh()
+        d = t.detach()
+        return [d * b, d.detach(), t, (a @ b).relu().detach()]
+
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    # make_fx records no detach outside the Python mode: the nodes are added by hand, as
+    # aotkit's saved-output detaches are
+    gm = make_fx(
+        lambda a, b: [a.tanh() * b, a.tanh(), a.tanh(), (a @ b).relu()],
+        decomposition_table=select_decomp_table(),
+    )(x, y)
+    detach = torch.ops.aten.detach.default
+    graph = gm.graph
+
+    def add_detach(source: torch.fx.Node) -> torch.fx.Node:
+        with graph.inserting_after(source):
+            node = graph.call_function(detach, (source,))
+        node.meta["val"] = source.meta["val"].detach()
+        return node
+
+    tanh, mul, relu = (
+        graph.find_nodes(op="call_function", target=t)[0]
+        for t in (
+            torch.ops.aten.tanh.default,
+            torch.ops.aten.mul.Tensor,
+            torch.ops.aten.relu.default,
+        )
+    )
+    d = add_detach(tanh)
+    mul.replace_input_with(tanh, d)
+    dd = add_detach(d)
+    output = graph.find_nodes(op="output")[0]
+    output.args = ([mul, dd, tanh, add_detach(relu)],)
+    graph.eliminate_dead_code()
+    gm.recompile()
+    assert len(graph.find_nodes(op="call_function", target=detach)) == 3
+    code_before = gm.code
+    calls = _recording_inner(monkeypatch)
+    out = make_inductor_compiler(retrace=False, role="backward")(gm, [x, y])([x, y])
+    assert gm.code == code_before, "the caller's graph must not change"
+    assert len(calls) == 1
+    assert not calls[0][0].graph.find_nodes(op="call_function", target=detach)
+    expected = f(x, y)
+    assert len(out) == len(expected)
+    for got, want in zip(out, expected, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert got.stride() == want.stride()
+
+
 def test_joint_graph_passes_remove_no_ops() -> None:
     from aotkit_backends import inductor_joint_graph_passes
     from torch._inductor.decomposition import select_decomp_table
@@ -161,7 +219,7 @@ def test_graph_roles(monkeypatch: pytest.MonkeyPatch, role: str) -> None:
         mark_user_visible_outputs(gm, 1)
     out = make_inductor_compiler(retrace=False, role=role)(gm, args)(list(args))  # type: ignore[arg-type]
     torch.testing.assert_close(out, fn(*args))
-    (compiled_gm, kwargs), = calls
+    ((compiled_gm, kwargs),) = calls
     output = compiled_gm.graph.find_nodes(op="output")[0]
     targets = [n.target for n in compiled_gm.graph.nodes if n.op == "call_function"]
     if role == "forward":

@@ -328,6 +328,7 @@ def _copy_flat(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     copied_outs = graph.graph_copy(gm.graph, {})
     graph.output(list(copied_outs) if isinstance(copied_outs, list | tuple) else copied_outs)
+    _drop_detaches(graph)
     flat_gm = torch.fx.GraphModule(gm, graph)
     if any(n.op == "get_attr" for n in graph.nodes):
         # Inductor lowers a HOP to fewer outputs than its fake kernel returns (flex_attention
@@ -335,6 +336,27 @@ def _copy_flat(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
         flat_gm.graph.eliminate_dead_code()
         flat_gm.recompile()
     return flat_gm
+
+
+# Note [Inductor's copy has no detach nodes]
+# aotkit's joint traces carry autograd's ``aten.detach`` nodes for saved outputs (See Note
+# [Detach nodes of saved outputs] in aotkit_capture), so its backward graphs
+# hold one or two per saved activation (36 of resnet18's 903 backward nodes) where the
+# graphs torch's ``inductor`` backend compiles have none. Inductor lowers ``aten.detach``
+# to its input unchanged (a no-op lowering: the same buffer, no copy), so the copy Inductor
+# compiles reads each detach's input directly: the compiled code is the same, and
+# Inductor's graph passes (pattern matching, fake propagation, re-inplacing) walk fewer
+# nodes. Only the copy changes; the caller's graph keeps its nodes and names.
+_DETACH = torch.ops.aten.detach.default
+
+
+def _drop_detaches(graph: torch.fx.Graph) -> None:
+    """See Note [Inductor's copy has no detach nodes]."""
+    for node in graph.find_nodes(op="call_function", target=_DETACH):
+        source = node.args[0] if len(node.args) == 1 and not node.kwargs else None
+        if isinstance(source, torch.fx.Node):
+            node.replace_all_uses_with(source)
+            graph.erase_node(node)
 
 
 def _boxed_with_structure(
