@@ -3,7 +3,8 @@ of a small MLP, a training step and an inference call, checked against eager; pr
 results and what the run did (aotkit's cache counters, Inductor's key computations and
 FX-graph-cache hits) as JSON.
 
-argv[1]: JSON ``{"aotkit": dir, "config": {inductor config name: value}}``; Inductor's
+argv[1]: JSON ``{"aotkit": dir, "config": {inductor config name: value}, "functorch":
+{functorch config name: value}, "threads": n}`` (all but "aotkit" optional); Inductor's
 cache directory comes from TORCHINDUCTOR_CACHE_DIR.
 """
 
@@ -27,6 +28,10 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     disk_cache_config.dir = spec["aotkit"]
     for name, value in spec.get("config", {}).items():
         setattr(config, name, value)
+    for name, value in spec.get("functorch", {}).items():
+        setattr(torch._functorch.config, name, value)
+    if "threads" in spec:
+        torch.set_num_threads(spec["threads"])
     hashes = [0]
     real_hash = codecache.compiled_fx_graph_hash
 
