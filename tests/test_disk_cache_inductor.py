@@ -173,3 +173,26 @@ def test_a_config_the_aot_part_reads_changes_the_key(
     back = _wait(_start(root))
     _same(back, cold[1])
     assert "trace" not in back["counters"] and back["counters"]["hit"] == 2
+
+
+def test_dynamic_shapes_warm_start_loads_by_stored_key(tmp_path: Path) -> None:
+    # See Note [Inductor artifact keys for dynamic shapes] in aotkit_backends: symbolic
+    # graphs (dynamo's SymInt inputs bind every size) store Inductor's key too, and a warm
+    # start loads the artifacts by it, Inductor checking the artifacts' guards itself
+    root = tmp_path / "dynamic"
+    cold = _wait(_start(root, dynamic=True))
+    assert cold["counters"]["trace"] == 2 and cold["counters"]["store"] == 2
+    roles = sorted(sorted(_payload(p)["artifact_keys"]) for p in _entries(root))
+    assert roles == [["bw", "fw"], ["inference"]]
+    for p in _entries(root):
+        assert "shape" in _payload(p)  # symbolic entries, with their shape facts
+    warm = _wait(_start(root, dynamic=True))
+    _same(warm, cold)
+    assert "trace" not in warm["counters"] and warm["counters"]["hit"] == 2
+    assert warm["fx_graph_hashes"] == 0  # Inductor's key was not recomputed
+    assert warm["fxgraph_cache_hit"] == 3
+    # the artifacts gone: each graph compiled again through compile_fx_inner, same values
+    shutil.rmtree(root / "inductor" / "fxgraph")
+    gone = _wait(_start(root, dynamic=True))
+    _same(gone, cold)
+    assert "trace" not in gone["counters"] and gone["fx_graph_hashes"] == 3
