@@ -104,9 +104,40 @@ def regions_compiled() -> dict[str, Any]:
     return _check(torch.compile(mod, backend="aotkit_eager"), mod, list(mod.parameters()), x)
 
 
+MARKER = "aotkit-effect-marker"
+
+
+def _effects_fn(x: torch.Tensor) -> torch.Tensor:
+    # two effect chains' worth of ops: a print (ordered) and linalg's error checks
+    torch.ops.aten._print(MARKER)
+    return torch.linalg.inv(x @ x.mT + torch.eye(3)).sin()
+
+
+class Solver(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        return torch.linalg.solve(h @ h.mT + torch.eye(3), h).cos()
+
+
+def effects_function() -> dict[str, Any]:
+    x = torch.randn(3, 3, requires_grad=True)
+    return _check(aotkit.aot_function(_effects_fn, aotkit.nop), _effects_fn, [], x)
+
+
+def effects_compiled() -> dict[str, Any]:
+    mod = Solver()
+    x = torch.randn(3, 3, requires_grad=True)
+    return _check(torch.compile(mod, backend="aotkit_eager"), mod, list(mod.parameters()), x)
+
+
 PROGRAMS: dict[str, Callable[[], dict[str, Any]]] = {
     "cond_function": cond_function, "cond_compiled": cond_compiled,
-    "regions_compiled": regions_compiled,
+    "regions_compiled": regions_compiled, "effects_function": effects_function,
+    "effects_compiled": effects_compiled,
 }
 
 

@@ -28,6 +28,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 PROGRAMS = str(Path(__file__).with_name("_disk_cache_hops_programs.py"))
 NAMES = ["cond_function", "cond_compiled", "regions_compiled"]
+# See Note [Effect tokens in the on-disk cache]: aten._print and linalg's error checks
+EFFECTS = ["effects_function", "effects_compiled"]
+MARKER = "aotkit-effect-marker"
 
 
 def _run(d: Path, names: list[str]) -> dict[str, dict[str, Any]]:
@@ -36,8 +39,12 @@ def _run(d: Path, names: list[str]) -> dict[str, dict[str, Any]]:
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    return {r["name"]: r for r in results}
+    lines = proc.stdout.strip().splitlines()
+    results = json.loads(lines[-1])
+    out = {r["name"]: r for r in results}
+    # the effectful print of effects_function: once by the compiled call, once by eager
+    out["markers"] = {"count": sum(line.strip() == MARKER for line in lines[:-1])}
+    return out
 
 
 def _entries(d: Path) -> list[Path]:
@@ -47,7 +54,7 @@ def _entries(d: Path) -> list[Path]:
 @pytest.fixture(scope="module")
 def cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, dict[str, Any]]]:
     d = tmp_path_factory.mktemp("hops")
-    return d, _run(d, NAMES)
+    return d, _run(d, NAMES + EFFECTS)
 
 
 def test_cold_then_warm_restores_hop_graphs(
@@ -55,15 +62,20 @@ def test_cold_then_warm_restores_hop_graphs(
 ) -> None:
     d = tmp_path / "warm"
     shutil.copytree(cold[0], d)
-    warm = _run(d, NAMES)
-    for name in NAMES:
+    warm = _run(d, NAMES + EFFECTS)
+    for name in NAMES + EFFECTS:
         c, w = cold[1][name], warm[name]
         assert c["counters"] == {"miss": 1, "trace": 1, "store": 1}, (name, c["counters"])
         assert w["counters"] == {"hit": 1}, (name, w["counters"])  # no trace ran
         assert w["out"] == c["out"] and w["grads"] == c["grads"], name
         # the same graphs, subgraphs included, as the cold trace made
         assert w["graphs"] == c["graphs"], name
-        assert any("subgraph" in g or "graph_0" in g for g in c["graphs"]), name
+        if name in EFFECTS:
+            assert any("with_effects" in g for g in c["graphs"]), name
+        else:
+            assert any("subgraph" in g or "graph_0" in g for g in c["graphs"]), name
+    # the restored forward still prints, once per call
+    assert cold[1]["markers"]["count"] == 2 and warm["markers"]["count"] == 2
 
 
 def _rewrite(p: Path, change: Callable[[dict[str, Any]], None]) -> None:
@@ -177,3 +189,45 @@ def test_hops_outside_the_list_and_tensor_constants_are_not_stored() -> None:
     g2.output((g2.call_function(run_rng, (torch.ops.aten.rand.default, [2])), x))
     with pytest.raises(Uncacheable, match="no cache form"):
         graph_to_json(torch.fx.GraphModule(torch.nn.Module(), g2))
+
+
+def _print_twice(x: torch.Tensor) -> torch.Tensor:
+    torch.ops.aten._print("aotkit-in-process-effect")
+    return x.cos() * 2
+
+
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        {"effects": [], "backward": 0},  # the forward's token placeholder left unexplained
+        {"effects": ["ORDERED", "ORDERED"], "backward": 0},
+        {"effects": ["NOT_AN_EFFECT"], "backward": 0},
+        {"effects": ["ORDERED"], "backward": -1},
+        None,  # the tokens dropped
+    ],
+)
+def test_mismatched_effect_tokens_are_refused(
+    tokens: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aotkit_capture import cache_counters
+    from aotkit_schemas import disk_cache_config
+
+    monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
+    monkeypatch.setattr(disk_cache_config, "enabled", True)
+    x = torch.randn(3, requires_grad=True)
+    cache_counters.clear()
+    aot_function(_print_twice, nop)(x)
+    assert cache_counters["store"] == 1
+    (entry,) = _entries(tmp_path)
+
+    def change(payload: dict[str, Any]) -> None:
+        if tokens is None:
+            del payload["tokens"]
+        else:
+            payload["tokens"] = tokens
+
+    _rewrite(entry, change)
+    cache_counters.clear()
+    out = aot_function(_print_twice, nop)(x)
+    assert cache_counters["reject"] == 1 and cache_counters["trace"] == 1, dict(cache_counters)
+    torch.testing.assert_close(out, _print_twice(x))

@@ -44,7 +44,8 @@
 #     in the on-disk cache]. Such entries are ``<key>-<hash of the facts>.json``: one key
 #     may hold several (one per specialization), tried newest first.
 #   * Graphs calling higher-order operators store their FX subgraphs the same way: See
-#     Note [Higher-order operators in the on-disk cache].
+#     Note [Higher-order operators in the on-disk cache]; effect tokens: See Note [Effect
+#     tokens in the on-disk cache].
 #   * Not stored (compiled every time, never an error): tensor subclass inputs/outputs,
 #     aliased inputs under dynamic shapes, higher-order ops outside that note's list (the
 #     functionalized RNG's ``run_and_save_rng_state``), tensor constants, exports, and

@@ -6,7 +6,7 @@ arguments only they take, in the entry's structured graph form.
 # [Higher-order operators]): ``cond``, ``while_loop``, ``invoke_subgraph`` (torch's
 # ``nested_compile_region``, compiled once per region and called per use), ``map``,
 # ``scan``, ``flex_attention``, ``auto_functionalized`` (a custom op that mutates its
-# inputs). Their functions are ``get_attr`` nodes naming FX subgraphs of the graph module.
+# inputs), ``with_effects`` (See Note [Effect tokens in the on-disk cache]). Their functions are ``get_attr`` nodes naming FX subgraphs of the graph module.
 # The entry stores them in the same safe form as the graphs themselves:
 #   * a graph's JSON gains ``"subgraphs": {name: <graph JSON>}``, one per ``get_attr``
 #     target (a subgraph may have subgraphs of its own), each with its nodes' values;
@@ -14,7 +14,7 @@ arguments only they take, in the entry's structured graph form.
 #     closed list (the ones above and their backward forms): no other HOP is stored, and
 #     a stored name outside the list is refused on read. HOPs that carry process-local
 #     state are not in the list (a Triton kernel's side-table index, the functionalized
-#     RNG's state operators, effect tokens' ``with_effects``);
+#     RNG's state operators);
 #   * arguments only HOPs take: an ATen overload (``auto_functionalized``'s ``_mutable_op``)
 #     by its qualified name, read back through ``torch.ops`` as node targets are; a dict
 #     with string keys (``flex_attention``'s kernel options).
@@ -28,13 +28,16 @@ arguments only they take, in the entry's structured graph form.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import CacheFormatError
+from aotkit_schemas import CacheFormatError, ViewAndMutationMeta
+from torch._library.effects import EffectType
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._disk_cache_key import Uncacheable
 
@@ -42,7 +45,7 @@ _HOPS = frozenset({
     "cond", "while_loop", "invoke_subgraph", "map_impl", "scan", "associative_scan",
     "flex_attention", "flex_attention_backward", "auto_functionalized",
     "auto_functionalized_v2", "tag_activation_checkpoint", "wrap_with_set_grad_enabled",
-    "wrap_with_autocast",
+    "wrap_with_autocast", "with_effects",
 })
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
 _HOP_TARGETS: dict[str, Any] = {}
@@ -156,6 +159,9 @@ def _check_call(node: torch.fx.Node, stored: dict[str, torch.nn.Module]) -> None
             expected = [(args[0], _count(args[1]) + _count(args[2]))]
         elif name == "scan":  # scan(combine_fn, init, xs, additional_inputs)
             expected = [(args[0], _count(args[1]) + _count(args[2]) + _count(args[3]))]
+        elif name == "with_effects":  # with_effects(token, op, *args)
+            if not isinstance(args[1], torch._ops.OpOverload):
+                raise CacheFormatError(f"graph node {node.name} runs no operator")
     except IndexError as e:
         raise CacheFormatError(f"graph node {node.name} has too few arguments") from e
     for sub, n in expected:
@@ -166,3 +172,48 @@ def _check_call(node: torch.fx.Node, stored: dict[str, torch.nn.Module]) -> None
             raise CacheFormatError(
                 f"graph node {node.name} passes {n} inputs to a subgraph that takes {taken}"
             )
+
+
+# Note [Effect tokens in the on-disk cache]
+# An entry of a program with effectful ops (See Note [Effect tokens]) stores the forward's
+# effect types by name (torch's ``EffectType``, a closed enum) and the backward's token
+# count, ``"tokens": {"effects": ["ORDERED"], "backward": 1}``; the graphs' ``with_effects``
+# calls are HOP calls (See Note [Higher-order operators in the on-disk cache]) whose op
+# argument is an ATen overload. On read, the metadata gets one empty fake token per effect
+# type, as the metadata pass makes them, and the forward's leading placeholders are those
+# tokens: a forward whose placeholders are not tokens plus the compiled inputs is refused.
+# A token keyed by anything but an EffectType (a TorchBind object's effects) is not stored.
+
+
+def tokens_to_json(meta: ViewAndMutationMeta) -> dict[str, Any] | None:
+    """The entry's effect tokens (None without any). Raises Uncacheable."""
+    if not meta.tokens and not meta.num_backward_tokens:
+        return None
+    names = []
+    for k in meta.tokens:
+        if not isinstance(k, EffectType):
+            raise Uncacheable(f"an effect token keyed by a {type(k).__name__}")
+        names.append(k.name)
+    return {"effects": names, "backward": meta.num_backward_tokens}
+
+
+def tokens_from_json(
+    meta: ViewAndMutationMeta, d: Any, fake_mode: FakeTensorMode
+) -> ViewAndMutationMeta:
+    """``meta`` with the stored effect tokens. Raises CacheFormatError."""
+    if d is None:
+        return meta
+    if not isinstance(d, dict) or set(d) != {"effects", "backward"}:
+        raise CacheFormatError("bad effect tokens")
+    names, backward = d["effects"], d["backward"]
+    if (
+        not isinstance(names, list)
+        or not all(isinstance(n, str) and n in EffectType.__members__ for n in names)
+        or len(set(names)) != len(names)
+        or type(backward) is not int
+        or backward < 0
+    ):
+        raise CacheFormatError("bad effect tokens")
+    with fake_mode:
+        tokens = {EffectType[n]: torch.empty(0) for n in names}
+    return dataclasses.replace(meta, tokens=tokens, num_backward_tokens=backward)
