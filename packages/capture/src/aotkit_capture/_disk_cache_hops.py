@@ -51,10 +51,14 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
 _HOP_TARGETS: dict[str, Any] = {}
 
 
+def _hop_name(hop: torch._ops.HigherOrderOperator) -> str:
+    return str(hop.name())  # type: ignore[no-untyped-call]
+
+
 def hop_target_to_json(target: Any) -> str | None:
     """``"hop:<name>"`` for a HOP the entry may store; None for any other target."""
-    if isinstance(target, torch._ops.HigherOrderOperator) and target.name() in _HOPS:
-        return f"hop:{target.name()}"
+    if isinstance(target, torch._ops.HigherOrderOperator) and _hop_name(target) in _HOPS:
+        return f"hop:{_hop_name(target)}"
     return None
 
 
@@ -70,7 +74,7 @@ def hop_target_from_json(name: str) -> Any:
         target = getattr(torch.ops.higher_order, hop_name)
     except (AttributeError, RuntimeError) as e:
         raise CacheFormatError(f"this torch has no higher-order operator {hop_name!r}") from e
-    if not isinstance(target, torch._ops.HigherOrderOperator) or target.name() != hop_name:
+    if not isinstance(target, torch._ops.HigherOrderOperator) or _hop_name(target) != hop_name:
         raise CacheFormatError(f"unknown node target {name!r}")
     _HOP_TARGETS[name] = target
     return target
@@ -143,7 +147,7 @@ def _count(x: Any) -> int:
 
 def _check_call(node: torch.fx.Node, stored: dict[str, torch.nn.Module]) -> None:
     """The subgraph inputs a HOP call passes against the ones its subgraphs take."""
-    name = node.target.name() if isinstance(node.target, torch._ops.HigherOrderOperator) else ""
+    name = _hop_name(node.target) if isinstance(node.target, torch._ops.HigherOrderOperator) else ""
     args = node.args
     expected: list[tuple[Any, int]] = []
     try:
