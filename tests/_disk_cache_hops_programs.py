@@ -134,7 +134,23 @@ def effects_compiled() -> dict[str, Any]:
     return _check(torch.compile(mod, backend="aotkit_eager"), mod, list(mod.parameters()), x)
 
 
+def _compiled(cls: type[torch.nn.Module], shape: tuple[int, ...], backend: str) -> dict[str, Any]:
+    mod = cls()
+    x = torch.randn(*shape, requires_grad=True)
+    return _check(torch.compile(mod, backend=backend), mod, list(mod.parameters()), x)
+
+
+def inductor_programs() -> dict[str, Callable[[], dict[str, Any]]]:
+    """The torch.compile programs above with aotkit_inductor."""
+    return {
+        "cond_inductor": lambda: _compiled(CondModel, (3, 4), "aotkit_inductor"),
+        "regions_inductor": lambda: _compiled(Regions, (2, 6), "aotkit_inductor"),
+        "effects_inductor": lambda: _compiled(Solver, (3, 3), "aotkit_inductor"),
+    }
+
+
 PROGRAMS: dict[str, Callable[[], dict[str, Any]]] = {
+    **inductor_programs(),
     "cond_function": cond_function, "cond_compiled": cond_compiled,
     "regions_compiled": regions_compiled, "effects_function": effects_function,
     "effects_compiled": effects_compiled,

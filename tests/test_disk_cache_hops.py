@@ -33,9 +33,10 @@ EFFECTS = ["effects_function", "effects_compiled"]
 MARKER = "aotkit-effect-marker"
 
 
-def _run(d: Path, names: list[str]) -> dict[str, dict[str, Any]]:
+def _run(d: Path, names: list[str], **env: str) -> dict[str, dict[str, Any]]:
     proc = subprocess.run(
-        [sys.executable, PROGRAMS, str(d), *names], env={**os.environ, "AOTKIT_CACHE": "1"},
+        [sys.executable, PROGRAMS, str(d), *names],
+        env={**os.environ, "AOTKIT_CACHE": "1", **env},
         capture_output=True, text=True, timeout=600, check=False,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -76,6 +77,27 @@ def test_cold_then_warm_restores_hop_graphs(
             assert any("subgraph" in g or "graph_0" in g for g in c["graphs"]), name
     # the restored forward still prints, once per call
     assert cold[1]["markers"]["count"] == 2 and warm["markers"]["count"] == 2
+
+
+INDUCTOR = ["cond_inductor", "regions_inductor", "effects_inductor"]
+
+
+def test_cold_then_warm_with_aotkit_inductor(tmp_path: Path) -> None:
+    # the restored HOP subgraphs and effect tokens compiled by Inductor (its own cache in
+    # the test's directory); each program checks outputs and gradients against eager
+    from aotkit_backends import inductor_available
+
+    if not inductor_available():
+        pytest.skip("Inductor cannot compile here")
+    inductor_dir = str(tmp_path / "inductor")
+    cold = _run(tmp_path / "aotkit", INDUCTOR, TORCHINDUCTOR_CACHE_DIR=inductor_dir)
+    warm = _run(tmp_path / "aotkit", INDUCTOR, TORCHINDUCTOR_CACHE_DIR=inductor_dir)
+    for name in INDUCTOR:
+        assert cold[name]["counters"]["trace"] == 1, (name, cold[name]["counters"])
+        assert warm[name]["counters"] == {"hit": 1}, (name, warm[name]["counters"])
+        assert warm[name]["out"] == cold[name]["out"], name
+        assert warm[name]["grads"] == cold[name]["grads"], name
+        assert warm[name]["graphs"] == cold[name]["graphs"], name
 
 
 def _rewrite(p: Path, change: Callable[[dict[str, Any]], None]) -> None:

@@ -464,7 +464,9 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
         elif node.op == "call_function":
             entry["target"] = _target_to_json(node.target)
         entry["args"] = _arg_to_json(tuple(node.args))
-        entry["kwargs"] = {k: _arg_to_json(v) for k, v in node.kwargs.items()}
+        # pairs, not an object: the entry is written with sorted keys, and the order of a
+        # node's keyword arguments shows in the restored graph's code
+        entry["kwargs"] = [[k, _arg_to_json(v)] for k, v in node.kwargs.items()]
         if node.op not in ("output", "get_attr"):
             entry["val"] = _val_to_json(node.meta.get("val"), form)
         nodes.append(entry)
@@ -502,9 +504,9 @@ def graph_from_json(
             raise CacheFormatError(f"bad node name {name!r}")
         args = _arg_from_json(entry.get("args"), env)
         kwargs_raw = entry.get("kwargs")
-        if not isinstance(args, tuple) or not isinstance(kwargs_raw, dict):
+        if not isinstance(args, tuple) or not isinstance(kwargs_raw, list):
             raise CacheFormatError(f"bad arguments of node {name}")
-        kwargs = {str(k): _arg_from_json(v, env) for k, v in kwargs_raw.items()}
+        kwargs = _dict_arg_from_json(kwargs_raw, env)
         if op in ("placeholder", "get_attr"):
             target: Any = entry.get("target")
             if not isinstance(target, str):
