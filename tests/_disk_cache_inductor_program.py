@@ -3,7 +3,10 @@ of a small MLP, a training step and an inference call, checked against eager; pr
 results and what the run did (aotkit's cache counters, Inductor's key computations and
 FX-graph-cache hits) as JSON.
 
-argv[1]: JSON ``{"aotkit": dir, "config": {inductor config name: value}}``; Inductor's
+argv[1]: JSON ``{"aotkit": dir, "config": {inductor config name: value}, "functorch":
+{functorch config name: value}, "threads": n, "dynamic": bool, "batch": n}`` (all but
+"aotkit" optional; dynamic: ``torch.compile(dynamic=True)``, batch: the batch size, 5 by
+default); Inductor's
 cache directory comes from TORCHINDUCTOR_CACHE_DIR.
 """
 
@@ -27,6 +30,10 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     disk_cache_config.dir = spec["aotkit"]
     for name, value in spec.get("config", {}).items():
         setattr(config, name, value)
+    for name, value in spec.get("functorch", {}).items():
+        setattr(torch._functorch.config, name, value)
+    if "threads" in spec:
+        torch.set_num_threads(spec["threads"])
     hashes = [0]
     real_hash = codecache.compiled_fx_graph_hash
 
@@ -38,8 +45,9 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
 
     torch.manual_seed(0)
     mod = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
-    x = torch.randn(5, 8, requires_grad=True)
-    opt = torch.compile(mod, backend="aotkit_inductor")
+    batch = spec.get("batch", 5)
+    x = torch.randn(batch, 8, requires_grad=True)
+    opt = torch.compile(mod, backend="aotkit_inductor", dynamic=spec.get("dynamic", False))
     out = opt(x)
     out.sum().backward()
     grads = [p.grad.clone() for p in mod.parameters()] + [x.grad.clone()]
@@ -52,7 +60,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     for got, want in zip(grads, [*[p.grad for p in mod.parameters()], x.grad], strict=True):
         torch.testing.assert_close(got, want)
     with torch.no_grad():
-        y = torch.randn(5, 8)  # the same shape: a static recompile for grad mode
+        y = torch.randn(batch, 8)  # the same shape: a static recompile for grad mode
         inference = opt(y)
         torch.testing.assert_close(inference, mod(y))
     return {

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from aotkit_backends import inductor_available, inductor_unavailable_reason
 
 pytestmark = pytest.mark.skipif(
@@ -23,12 +24,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 PROGRAM = str(Path(__file__).with_name("_disk_cache_inductor_program.py"))
+# a thread count other than the default one (torch's default is the number of cores)
+_OTHER_THREADS = 1 if torch.get_num_threads() != 1 else 2
 
 
-def _start(root: Path, config: dict[str, Any] | None = None) -> subprocess.Popen[str]:
+def _start(
+    root: Path, config: dict[str, Any] | None = None, **more: Any
+) -> subprocess.Popen[str]:
     env = {**os.environ, "AOTKIT_CACHE": "1", "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
-    spec = {"aotkit": str(root / "aotkit"), "config": config or {}}
+    spec = {"aotkit": str(root / "aotkit"), "config": config or {}, **more}
     return subprocess.Popen([sys.executable, PROGRAM, json.dumps(spec)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -105,7 +110,10 @@ def test_stored_keys_that_do_not_apply_fall_back(
     cold: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
     # Inductor's artifacts gone; a key Inductor's cache does not hold; Inductor's settings
-    # changed since the cold run; a malformed key (the entry is then refused)
+    # changed since the cold run; a malformed key (the entry is then refused). The settings
+    # changed are the thread count: part of Inductor's artifact key, not of aotkit's entry
+    # key. (A change of Inductor's config now changes aotkit's key too, See Note [Inductor
+    # settings in the on-disk cache key]; this test used ``comment_origin`` before.)
     gone = _copy(cold, tmp_path / "gone")
     shutil.rmtree(gone / "inductor" / "fxgraph")
     missing = _copy(cold, tmp_path / "missing")
@@ -119,7 +127,7 @@ def test_stored_keys_that_do_not_apply_fall_back(
         "gone": _start(gone),
         "missing": _start(missing),
         "malformed": _start(malformed),
-        "settings": _start(settings, {"comment_origin": True}),
+        "settings": _start(settings, threads=_OTHER_THREADS),
     }
     results = {name: _wait(proc) for name, proc in procs.items()}
     for name, r in results.items():
@@ -131,6 +139,60 @@ def test_stored_keys_that_do_not_apply_fall_back(
     assert results["malformed"]["counters"]["reject"] == 2
     # Inductor compiled again under new settings: the entries now carry the new keys
     assert results["settings"]["counters"]["artifact_update"] == 3
-    again = _wait(_start(settings, {"comment_origin": True}))
+    again = _wait(_start(settings, threads=_OTHER_THREADS))
     _same(again, cold[1])
     assert again["fx_graph_hashes"] == 0 and "trace" not in again["counters"]
+
+
+@pytest.mark.parametrize(
+    ("what", "change"),
+    [
+        # Inductor's joint-graph passes (run by aotkit_inductor's partition step) read it
+        ("inductor", {"config": {"pattern_matcher": False}}),
+        # the min-cut partitioner reads it
+        ("functorch", {"functorch": {"ban_recompute_reductions": False}}),
+    ],
+)
+def test_a_config_the_aot_part_reads_changes_the_key(
+    cold: tuple[Path, dict[str, Any]], tmp_path: Path, what: str, change: dict[str, Any]
+) -> None:
+    # See Note [Inductor settings in the on-disk cache key] in aotkit_backends and Note
+    # [On-disk cache keys]: an entry made under other settings is not reused
+    root = _copy(cold, tmp_path / what)
+    config = change.pop("config", None)
+    changed = _wait(_start(root, config, **change))
+    _same(changed, cold[1])
+    assert changed["counters"]["trace"] == 2, what
+    assert "hit" not in changed["counters"], what
+    assert changed["counters"]["store"] == 2, what
+    # the new entries sit beside the old ones, each served under its own settings
+    assert len(_entries(root)) == 4
+    again = _wait(_start(root, config, **change))
+    _same(again, cold[1])
+    assert "trace" not in again["counters"] and again["counters"]["hit"] == 2
+    back = _wait(_start(root))
+    _same(back, cold[1])
+    assert "trace" not in back["counters"] and back["counters"]["hit"] == 2
+
+
+def test_dynamic_shapes_warm_start_loads_by_stored_key(tmp_path: Path) -> None:
+    # See Note [Inductor artifact keys for dynamic shapes] in aotkit_backends: symbolic
+    # graphs (dynamo's SymInt inputs bind every size) store Inductor's key too, and a warm
+    # start loads the artifacts by it, Inductor checking the artifacts' guards itself
+    root = tmp_path / "dynamic"
+    cold = _wait(_start(root, dynamic=True))
+    assert cold["counters"]["trace"] == 2 and cold["counters"]["store"] == 2
+    roles = sorted(sorted(_payload(p)["artifact_keys"]) for p in _entries(root))
+    assert roles == [["bw", "fw"], ["inference"]]
+    for p in _entries(root):
+        assert "shape" in _payload(p)  # symbolic entries, with their shape facts
+    warm = _wait(_start(root, dynamic=True))
+    _same(warm, cold)
+    assert "trace" not in warm["counters"] and warm["counters"]["hit"] == 2
+    assert warm["fx_graph_hashes"] == 0  # Inductor's key was not recomputed
+    assert warm["fxgraph_cache_hit"] == 3
+    # the artifacts gone: each graph compiled again through compile_fx_inner, same values
+    shutil.rmtree(root / "inductor" / "fxgraph")
+    gone = _wait(_start(root, dynamic=True))
+    _same(gone, cold)
+    assert "trace" not in gone["counters"] and gone["fx_graph_hashes"] == 3

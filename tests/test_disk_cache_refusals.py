@@ -25,15 +25,19 @@ def test_a_plain_program_has_a_payload() -> None:
     assert entry_payload(art, None) is not None
 
 
-def test_effect_tokens_are_not_stored() -> None:
-    # a restored entry without its tokens would drop the print (See Note [Effect tokens])
+def test_effect_tokens_are_stored_with_their_effect_types() -> None:
+    # a restored entry without its tokens would drop the print (See Note [Effect tokens]):
+    # they are stored (See Note [Effect tokens in the on-disk cache]; they were refused
+    # before, which this test checked)
     def f(x: torch.Tensor) -> torch.Tensor:
         torch.ops.aten._print("effect")
         return x * 2
 
     art = _artifacts(f, torch.randn(3))
     assert art.meta.tokens
-    assert entry_payload(art, None) is None
+    payload = entry_payload(art, None)
+    assert payload is not None
+    assert payload["tokens"] == {"effects": ["ORDERED"], "backward": 0}
 
 
 def test_recorded_view_chains_are_not_stored() -> None:

@@ -12,11 +12,13 @@ def test_all() -> None:
     assert sorted(aotkit_backends.__all__) == [
         "BoxedCallable",
         "GraphRole",
+        "InductorSettingsUndescribable",
         "InductorUnavailableError",
         "graph_function",
         "inductor_available",
         "inductor_compiler",
         "inductor_joint_graph_passes",
+        "inductor_settings_key",
         "inductor_unavailable_reason",
         "is_boxed",
         "make_boxed_compiler",

@@ -18,6 +18,8 @@ from ._inductor import make_inductor_compiler as make_inductor_compiler
 from ._inductor_passes import GraphRole as GraphRole
 from ._inductor_passes import joint_graph_passes as inductor_joint_graph_passes
 from ._inductor_passes import mark_user_visible_outputs as mark_user_visible_outputs
+from ._inductor_settings import InductorSettingsUndescribable as InductorSettingsUndescribable
+from ._inductor_settings import inductor_settings_key as inductor_settings_key
 from ._nop import nop as nop
 from ._print import make_print_compiler as make_print_compiler
 from ._print import print_compiler as print_compiler
@@ -25,11 +27,13 @@ from ._print import print_compiler as print_compiler
 __all__ = [
     "BoxedCallable",
     "GraphRole",
+    "InductorSettingsUndescribable",
     "InductorUnavailableError",
     "graph_function",
     "inductor_available",
     "inductor_compiler",
     "inductor_joint_graph_passes",
+    "inductor_settings_key",
     "inductor_unavailable_reason",
     "make_inductor_compiler",
     "is_boxed",

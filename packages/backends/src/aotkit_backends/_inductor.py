@@ -48,6 +48,7 @@ from ._inductor_passes import (
     joint_graph_passes,
     role_kwargs,
 )
+from ._inductor_settings import inductor_settings_key
 from ._tokens import unlift_tokens
 
 _log = get_logger("compile")
@@ -111,7 +112,9 @@ def inductor_compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -
 # Inductor compiles the graph again on an on-disk cache hit, and its own FX graph cache
 # (keyed on the graph, the inputs and Inductor's config) serves the compiled artifact, so
 # the key names the recipe only. See Note [Compiler cache keys] in aotkit_schemas.
-mark_cache_key(inductor_compiler, "aotkit.inductor/1")
+# Its inference graphs get Inductor's joint-graph passes (in place, before aotkit stores
+# them): See Note [Inductor settings in the on-disk cache key].
+mark_cache_key(inductor_compiler, "aotkit.inductor/1", settings=inductor_settings_key)
 
 
 def make_inductor_compiler(
@@ -140,7 +143,7 @@ def make_inductor_compiler(
     inductor_compiler_for_role.__name__ = (
         "inductor_compiler" if retrace else "inductor_compiler_for_decomposed_graphs"
     ) + (f"_{role}" if role else "")
-    mark_cache_key(inductor_compiler_for_role, key + "/1")
+    mark_cache_key(inductor_compiler_for_role, key + "/1", settings=inductor_settings_key)
     return inductor_compiler_for_role
 
 

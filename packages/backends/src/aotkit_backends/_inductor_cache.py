@@ -34,10 +34,29 @@ Inductor's artifact without recomputing Inductor's cache key.
 # Anything the hash cannot describe turns the handle off (the compile then goes through
 # ``compile_fx_inner`` as before): custom graph passes or partitioner, custom backend
 # passes or codegen configs, a cudagraph policy or annotation, a remote FX graph cache,
-# caches disabled, bundled autograd cache, AOT mode, symbolic inputs, a graph with
-# higher-order ops or constants, an artifact with shape guards, and a torch whose
-# ``FxGraphHashDetails`` collects other fields than the ones listed here (checked on its
-# code, once per process).
+# caches disabled, bundled autograd cache, AOT mode, symbolic inputs Inductor cannot guard
+# (See Note [Inductor artifact keys for dynamic shapes]), a graph with higher-order ops or
+# constants, and a torch whose ``FxGraphHashDetails`` collects other fields than the ones
+# listed here (checked on its code, once per process).
+#
+# Note [Inductor artifact keys for dynamic shapes]
+# A graph with symbolic sizes gets a handle too, used as Inductor's FX graph cache uses
+# its own key. Inductor's key of such a graph hashes the sizes as expressions; the
+# artifact carries ``guards_expr``, the guards Inductor's compile added, over the graph's
+# SymInt inputs (``produce_guards_expression``): on a hit Inductor evaluates it on the
+# inputs' hints, picks the artifact of that key whose guards hold, and evaluates it on the
+# SymInts, which adds those guards to the ShapeEnv (so dynamo guards on them). The warm
+# load does exactly that (``load_with_key`` with Inductor's default guard evaluation), so
+# an artifact whose guards do not hold for today's sizes is not used: the graph is
+# compiled. aotkit's entry already fixes the graph and its sizes' expressions (its shape
+# facts, See Note [Dynamic shapes in the on-disk cache] in aotkit_capture), up to the
+# symbols' names, which neither the guards (positional over the SymInt inputs) nor the
+# compiled code (sizes read from the inputs) depend on. Handles are recorded and used only
+# where that guard check sees every symbol: each symbol of a tensor input's sizes, strides
+# or offset is a SymInt input (as in dynamo's graphs and the backward's saved sizes), each
+# SymInt input is a plain symbol, the TracingContext has a ShapeEnv, and it holds no hint
+# overrides. torch's AOTAutogradCache instead requires the exact guard expression it
+# stored, relying on its own guards.
 """
 
 from __future__ import annotations
@@ -248,20 +267,43 @@ def full_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {**_DEFAULT_KWARGS, **kwargs}
 
 
-def _graph_describable(gm: torch.fx.GraphModule, fake_inputs: Sequence[Any]) -> None:
+def _graph_describable(gm: torch.fx.GraphModule, fake_inputs: Sequence[Any]) -> bool:
+    """Whether the graph's inputs are symbolic (See Note [Inductor artifact keys for
+    dynamic shapes]). Raises _NoHandle."""
     if "cudagraph_annotation" in gm.meta:
         raise _NoHandle("a cudagraph annotation")
     if any(n.op == "get_attr" for n in gm.graph.nodes):
         raise _NoHandle("a graph with constants or higher-order-op subgraphs")
     if not any(isinstance(x, torch.Tensor) for x in fake_inputs):
         raise _NoHandle("no tensor inputs")
+    bound: set[Any] = set()
+    used: set[Any] = set()
     for x in fake_inputs:
-        if isinstance(x, torch.SymInt | torch.SymFloat | torch.SymBool):
-            raise _NoHandle("symbolic inputs")
-        if isinstance(x, torch.Tensor) and any(
-            isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride(), x.storage_offset())
-        ):
-            raise _NoHandle("symbolic inputs")
+        if isinstance(x, torch.SymFloat | torch.SymBool):
+            raise _NoHandle("symbolic float or bool inputs")
+        if isinstance(x, torch.SymInt):
+            expr = x.node.expr
+            if not expr.is_Symbol:
+                raise _NoHandle("a SymInt input that is not a plain symbol")
+            bound.add(expr)
+        elif isinstance(x, torch.Tensor):
+            for d in (*x.shape, *x.stride(), x.storage_offset()):
+                if isinstance(d, torch.SymInt):
+                    used |= d.node.expr.free_symbols
+    if not bound and not used:
+        return False
+    if not used <= bound:
+        raise _NoHandle("a symbolic size no SymInt input binds (Inductor cannot guard it)")
+    shape_env = _shape_env()
+    if shape_env is None or shape_env.var_to_hint_override:
+        raise _NoHandle("no ShapeEnv to check Inductor's guards in, or hint overrides")
+    return True
+
+
+def _shape_env() -> Any:
+    context = torch._guards.TracingContext.try_get()
+    mode = None if context is None else context.fake_mode
+    return None if mode is None else mode.shape_env
 
 
 def remember(
@@ -275,10 +317,11 @@ def remember(
     key = getattr(compiled, "_fx_graph_cache_key", None)
     if not isinstance(compiled, CompiledFxGraph) or not isinstance(key, str):
         return
-    if compiled.guards_expr or not _INDUCTOR_KEY.fullmatch(key):
+    if not _INDUCTOR_KEY.fullmatch(key):
         return
     try:
-        _graph_describable(gm, fake_inputs)
+        if not _graph_describable(gm, fake_inputs) and compiled.guards_expr:
+            return  # guards without symbolic inputs: not a case Inductor makes
         record_artifact_key(gm, f"{_PREFIX}/{_settings_hash(full_kwargs(kwargs))}/{key}")
     except _NoHandle as e:
         _log.debug("Inductor's cache key not stored with the graph: %s", e)
@@ -297,12 +340,12 @@ def load(gm: torch.fx.GraphModule, fake_inputs: list[Any], kwargs: dict[str, Any
     if len(parts) != 3 or parts[0] != _PREFIX or not _INDUCTOR_KEY.fullmatch(parts[2]):
         return None
     try:
-        _graph_describable(gm, fake_inputs)
+        symbolic = _graph_describable(gm, fake_inputs)
         graph_kwargs = full_kwargs(kwargs)
         if _settings_hash(graph_kwargs) != parts[1]:
             _log.debug("Inductor's settings changed since the graph was cached; compiling")
             return None
-        return _load_by_key(parts[2], gm, fake_inputs, graph_kwargs)
+        return _load_by_key(parts[2], gm, fake_inputs, graph_kwargs, symbolic)
     except _NoHandle as e:
         _log.debug("not loading Inductor's artifact by key: %s", e)
     except Exception as e:  # fall back to compile_fx_inner, which recomputes the key
@@ -312,7 +355,8 @@ def load(gm: torch.fx.GraphModule, fake_inputs: list[Any], kwargs: dict[str, Any
 
 
 def _load_by_key(
-    key: str, gm: torch.fx.GraphModule, fake_inputs: list[Any], graph_kwargs: dict[str, Any]
+    key: str, gm: torch.fx.GraphModule, fake_inputs: list[Any], graph_kwargs: dict[str, Any],
+    symbolic: bool,
 ) -> Any:
     import torch._inductor.async_compile
     from torch._inductor import config
@@ -335,7 +379,10 @@ def _load_by_key(
             remote_cache=None,
             is_backward=bool(graph_kwargs["is_backward"]),
             constants=constants,
-            evaluate_guards=no_guards,
+            # symbolic: Inductor's own check of the artifact's guards against the inputs'
+            # hints, which also adds them to the ShapeEnv (See Note [Inductor artifact
+            # keys for dynamic shapes])
+            evaluate_guards=None if symbolic else no_guards,
         )
         if compiled is None:
             _log.debug("Inductor's artifact %s is gone; compiling", key)

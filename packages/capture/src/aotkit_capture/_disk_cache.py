@@ -43,8 +43,11 @@
 #     the ShapeEnv's guards) and are used only where those hold: See Note [Dynamic shapes
 #     in the on-disk cache]. Such entries are ``<key>-<hash of the facts>.json``: one key
 #     may hold several (one per specialization), tried newest first.
+#   * Graphs calling higher-order operators store their FX subgraphs the same way: See
+#     Note [Higher-order operators in the on-disk cache]; effect tokens: See Note [Effect
+#     tokens in the on-disk cache].
 #   * Not stored (compiled every time, never an error): tensor subclass inputs/outputs,
-#     aliased inputs under dynamic shapes, graphs with higher-order ops (the
+#     aliased inputs under dynamic shapes, higher-order ops outside that note's list (the
 #     functionalized RNG's ``run_and_save_rng_state``), tensor constants, exports, and
 #     programs, inputs or compilers the key cannot describe (``Uncacheable``).
 # When: off by default for aot_function/aot_module (and then only with compilers and a
@@ -83,6 +86,13 @@ from aotkit_schemas import (
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
+from ._disk_cache_hops import (
+    check_subgraph_reads,
+    hop_target_from_json,
+    hop_target_to_json,
+    owner_from_json,
+    subgraphs_to_json,
+)
 from ._disk_cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
 from ._disk_cache_symbolic import SymbolicForm, eval_tree
 from ._disk_cache_values import (
@@ -268,6 +278,9 @@ def _target_to_json(target: Any) -> str:
         return f"op:{target._schema.name}.{target._overloadname}"
     name = _PY_TARGET_NAMES.get(id(target))
     if name is None:
+        hop = hop_target_to_json(target)  # See Note [Higher-order operators in the on-disk cache]
+        if hop is not None:
+            return hop
         raise Uncacheable(f"graph target {target!r} has no cache form")
     return f"py:{name}"
 
@@ -285,6 +298,8 @@ def _target_from_json(name: Any) -> Any:
         return known
     if name.startswith("py:") and name[3:] in _PY_TARGETS:
         return _PY_TARGETS[name[3:]]
+    if name.startswith("hop:"):
+        return hop_target_from_json(name)
     if name.startswith("op:") and "::" in name:
         qual, _, overload = name[3:].rpartition(".")
         ns, _, op = qual.partition("::")
@@ -316,6 +331,12 @@ def _arg_to_json(a: Any) -> Any:
         return {"layout": str(a).removeprefix("torch.")}
     if isinstance(a, torch.memory_format) and str(a).removeprefix("torch.") in _FORMATS:
         return {"mf": str(a).removeprefix("torch.")}
+    # arguments only higher-order operators take (See Note [Higher-order operators in the
+    # on-disk cache])
+    if isinstance(a, torch._ops.OpOverload):
+        return {"op": _target_to_json(a)}
+    if isinstance(a, dict) and all(type(k) is str for k in a):
+        return {"d": [[k, _arg_to_json(v)] for k, v in a.items()]}
     raise Uncacheable(f"graph argument {type(a).__name__} has no cache form")
 
 
@@ -348,7 +369,22 @@ def _arg_from_json(a: Any, env: dict[str, torch.fx.Node]) -> Any:
             return _LAYOUTS[v]
         if tag == "mf" and v in _FORMATS:
             return _FORMATS[v]
+        if tag == "op" and isinstance(v, str) and v.startswith("op:"):
+            return _target_from_json(v)
+        if tag == "d" and isinstance(v, list):
+            return _dict_arg_from_json(v, env)
     raise CacheFormatError(f"bad graph argument {a!r}")
+
+
+def _dict_arg_from_json(items: list[Any], env: dict[str, torch.fx.Node]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        if not isinstance(item, list) or len(item) != 2 or type(item[0]) is not str:
+            raise CacheFormatError("bad dict argument")
+        if item[0] in out:
+            raise CacheFormatError("a dict argument repeats a key")
+        out[item[0]] = _arg_from_json(item[1], env)
+    return out
 
 
 def _val_to_json(val: Any, form: SymbolicForm | None) -> Any:
@@ -420,19 +456,23 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
     converts symbolic sizes (See Note [Dynamic shapes in the on-disk cache])."""
     nodes = []
     for node in gm.graph.nodes:
-        if node.op not in ("placeholder", "call_function", "output"):
+        if node.op not in ("placeholder", "call_function", "output", "get_attr"):
             raise Uncacheable(f"graph node {node.name} is a {node.op}")
         entry: dict[str, Any] = {"op": node.op, "name": node.name}
-        if node.op == "placeholder":
+        if node.op in ("placeholder", "get_attr"):
             entry["target"] = str(node.target)
         elif node.op == "call_function":
             entry["target"] = _target_to_json(node.target)
         entry["args"] = _arg_to_json(tuple(node.args))
-        entry["kwargs"] = {k: _arg_to_json(v) for k, v in node.kwargs.items()}
-        if node.op != "output":
+        # pairs, not an object: the entry is written with sorted keys, and the order of a
+        # node's keyword arguments shows in the restored graph's code
+        entry["kwargs"] = [[k, _arg_to_json(v)] for k, v in node.kwargs.items()]
+        if node.op not in ("output", "get_attr"):
             entry["val"] = _val_to_json(node.meta.get("val"), form)
         nodes.append(entry)
-    return {"nodes": nodes}
+    subgraphs = subgraphs_to_json(gm, lambda sub: graph_to_json(sub, form))
+    # See Note [Higher-order operators in the on-disk cache]
+    return {"nodes": nodes, "subgraphs": subgraphs} if subgraphs else {"nodes": nodes}
 
 
 def _set_value(
@@ -464,13 +504,13 @@ def graph_from_json(
             raise CacheFormatError(f"bad node name {name!r}")
         args = _arg_from_json(entry.get("args"), env)
         kwargs_raw = entry.get("kwargs")
-        if not isinstance(args, tuple) or not isinstance(kwargs_raw, dict):
+        if not isinstance(args, tuple) or not isinstance(kwargs_raw, list):
             raise CacheFormatError(f"bad arguments of node {name}")
-        kwargs = {str(k): _arg_from_json(v, env) for k, v in kwargs_raw.items()}
-        if op == "placeholder":
+        kwargs = _dict_arg_from_json(kwargs_raw, env)
+        if op in ("placeholder", "get_attr"):
             target: Any = entry.get("target")
             if not isinstance(target, str):
-                raise CacheFormatError("a placeholder's target must be a string")
+                raise CacheFormatError(f"a {op}'s target must be a string")
         elif op == "call_function":
             target = _target_from_json(entry.get("target"))
         elif op == "output":
@@ -482,13 +522,18 @@ def graph_from_json(
             raise CacheFormatError(f"node name {name!r} is not a valid identifier")
         if op == "placeholder":
             node.meta["val"] = _val_from_json(entry.get("val"), fake_mode, symbols)
-        elif op != "output":
+        elif op not in ("output", "get_attr"):
             _set_value(node, entry.get("val"), fake_mode, symbols)
         env[name] = node
+    # See Note [Higher-order operators in the on-disk cache]
+    owner = owner_from_json(
+        d.get("subgraphs"), lambda sub: graph_from_json(sub, fake_mode, symbols)
+    )
+    check_subgraph_reads(graph, owner)
     try:
         graph.lint()
     except Exception as e:  # fx raises RuntimeError and others for malformed graphs
         raise CacheFormatError(f"cached graph does not lint: {e}") from e
     # lazy: FX code is generated on first use (nop reads only the graph)
     with _use_lazy_graph_module(True):
-        return _make_graph_module(torch.nn.Module(), graph)
+        return _make_graph_module(owner, graph)

@@ -217,7 +217,7 @@ def _symbolic_inputs(
 
 def _use_fakes(graph: torch.fx.GraphModule, fake: Sequence[Any], meta: Any) -> None:
     """The compiled inputs' fakes become the graph's placeholder values (as in a trace)."""
-    nodes = list(graph.graph.find_nodes(op="placeholder"))
+    nodes = list(graph.graph.find_nodes(op="placeholder"))[len(meta.tokens):]
     if len(nodes) != len(fake) or len(meta.input_info) != len(fake):
         raise CacheFormatError("the cached graph takes another number of inputs")
     for node, f, info in zip(nodes, fake, meta.input_info, strict=True):
@@ -229,7 +229,8 @@ def _use_fakes(graph: torch.fx.GraphModule, fake: Sequence[Any], meta: Any) -> N
 def _compiled_fakes(graph: torch.fx.GraphModule, meta: Any, n_inputs: int) -> list[Any]:
     """Fakes of the compiled inputs, as the fresh compilation had them: the graph's
     placeholder values, requiring grad where the metadata says the input does."""
-    fake = [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"]
+    # See Note [Effect tokens]: the forward's token inputs lead, and are not compiled inputs
+    fake = [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"][len(meta.tokens):]
     if len(fake) != n_inputs or len(meta.input_info) != n_inputs:
         raise CacheFormatError("the cached graph takes another number of inputs")
     for f, info in zip(fake, meta.input_info, strict=True):

@@ -26,6 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ._disk_cache import cache_counters, graph_from_json, graph_to_json
 from ._disk_cache_artifacts import FIELD as ARTIFACT_KEYS
 from ._disk_cache_artifacts import artifact_keys_json, compiled_graphs
+from ._disk_cache_hops import tokens_from_json, tokens_to_json
 from ._disk_cache_key import Uncacheable, entry_key
 from ._disk_cache_symbolic import SymbolicForm
 from ._disk_cache_values import PY_SCALAR, LazyValueMeta
@@ -72,8 +73,6 @@ def entry_payload(
     try:
         if artifacts.subclass_layer:
             raise Uncacheable("tensor subclass inputs or outputs")
-        if artifacts.meta.tokens or artifacts.meta.num_backward_tokens:
-            raise Uncacheable("effect tokens (See Note [Effect tokens])")
         if artifacts.relative_offsets is None:
             raise Uncacheable("the output offsets were not recorded")
         _check_tangent_layouts_round_trip(artifacts.meta.traced_tangents)
@@ -89,6 +88,8 @@ def entry_payload(
             "native_functionalization": artifacts.native_functionalization,
             "backward_mutated_inputs": list(artifacts.backward_mutated_inputs),
             "sidecar": None if sidecar is None else sidecar.to_json(),
+            # See Note [Effect tokens in the on-disk cache]
+            "tokens": tokens_to_json(artifacts.meta),
         }
         form = _symbolic_form(artifacts) if symbolic else None
         if form is not None:
@@ -169,7 +170,7 @@ def read_entry(
     """Check and rebuild a payload; raises CacheFormatError (or the constructors' errors).
     ``env``: the symbols of a symbolic entry (See Note [Dynamic shapes in the on-disk
     cache])."""
-    meta = meta_from_json(payload.get("meta"))
+    meta = tokens_from_json(meta_from_json(payload.get("meta")), payload.get("tokens"), fake_mode)
     layout_key = payload.get("layout_key")
     users = payload.get("mutated_user_inputs")
     relative = payload.get("relative")
@@ -199,7 +200,7 @@ def read_entry(
     if meta.is_train:
         fw = graph_from_json(payload.get("fw"), fake_mode, env)
         bw = graph_from_json(payload.get("bw"), fake_mode, env)
-        partition = _partition(fw, bw, meta.num_forward_returns)
+        partition = _partition(fw, bw, meta.num_forward_returns + len(meta.tokens))
     else:
         inference = graph_from_json(payload.get("inference"), fake_mode, env)
     return CachedEntry(

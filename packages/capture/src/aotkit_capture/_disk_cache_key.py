@@ -17,9 +17,15 @@
 #   * ambient state, ``ambient_state_key()``: the in-memory compile key's ``ambient_key()``
 #     (See Note [Ambient state in the compile key]: grad and inference mode, autocast per
 #     device, deterministic algorithms, default dtype, __torch_function__, aotkit's
-#     functionalized-RNG switch) plus matmul precision and the functorch configs;
+#     functionalized-RNG switch) plus matmul precision, the whole functorch config and the
+#     symbolic-shapes config (``torch.fx.experimental._config``), by their config modules'
+#     hashes (dynamo's config is not read by the AOT part: it shapes dynamo's graph, which
+#     is keyed by its code);
 #   * the configuration: partitioner, compilers (See Note [Compiler cache keys] in
-#     aotkit_schemas), decompositions (op name plus the decomposition's code),
+#     aotkit_schemas: a key names the recipe and the process-wide settings it reads, e.g.
+#     Inductor's config for aotkit_inductor's partitioner and compilers, See Note
+#     [Inductor settings in the on-disk cache key] in aotkit_backends), decompositions (op
+#     name plus the decomposition's code; Inductor's config when one comes from Inductor),
 #     keep_inference_input_mutations, parameter count, static inputs;
 #   * the versions: torch's, the cache format's, and a hash of aotkit's own sources (a
 #     development checkout changes without a version bump).
@@ -43,6 +49,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from aotkit_backends import inductor_settings_key
 from aotkit_schemas import AOTConfig, compiler_cache_key
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -68,10 +75,18 @@ def ambient_state_key() -> tuple[Any, ...]:
     entry reused by another process could see changed although today's traces do not read
     it (float32 matmul precision, the functorch configs export and torch's own pipeline
     read): kept in the disk key to be safe, read once per compilation."""
+    import torch.fx.experimental._config as fx_config
+
     fconfig = torch._functorch.config
     return (
         *ambient_key(),
         torch.get_float32_matmul_precision(),
+        # every functorch setting (the partitioners', donated buffers, tokens, tangents...)
+        # and the symbolic-shapes settings a fresh ShapeEnv traces with: their config
+        # modules' own hashes, cached by torch until a setting changes (a callable
+        # setting hashes by its address: a miss in every other process, never a reuse)
+        fconfig.get_hash().hex(),
+        fx_config.get_hash().hex(),  # type: ignore[attr-defined]
         getattr(fconfig, "functionalize_rng_ops", None),
         getattr(fconfig, "view_replay_for_aliased_outputs", None),
         getattr(fconfig, "activation_memory_budget", None),
@@ -381,7 +396,11 @@ def _is_fake(t: torch.Tensor) -> bool:
 def _callable_key(what: str, fn: Callable[..., Any] | None) -> str | None:
     if fn is None:
         return None
-    key = compiler_cache_key(fn)
+    # See Note [Compiler cache keys]: the key may read process-wide settings
+    try:
+        key = compiler_cache_key(fn)
+    except Exception as e:  # a setting that cannot be described: not cached
+        raise Uncacheable(f"the {what}'s settings cannot be described: {e}") from e
     if key is None:
         raise Uncacheable(f"the {what} {getattr(fn, '__qualname__', fn)!r} offers no cache key "
                           "(aotkit_schemas.mark_cache_key)")
@@ -389,12 +408,22 @@ def _callable_key(what: str, fn: Callable[..., Any] | None) -> str | None:
 
 
 def _decomposition_key(table: Any) -> list[Any]:
-    items = []
+    items: list[Any] = []
+    inductor = False
     for op, fn in table.items():
         fp = _Fingerprint()
         fp.value(fn)
         items.append((str(op), fp.hexdigest()))
-    return sorted(items)
+        inductor = inductor or (getattr(fn, "__module__", None) or "").startswith("torch._inductor")
+    items.sort()
+    if inductor:
+        # Inductor's decompositions read its config while they trace (See Note [Inductor
+        # settings in the on-disk cache key] in aotkit_backends)
+        try:
+            items.append(("inductor settings", inductor_settings_key()))
+        except Exception as e:  # a setting that cannot be described: not cached
+            raise Uncacheable(f"the decompositions' settings cannot be described: {e}") from e
+    return items
 
 
 def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:

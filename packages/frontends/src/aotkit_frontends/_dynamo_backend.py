@@ -55,6 +55,7 @@ import torch.fx
 from aotkit_backends import (
     GraphRole,
     inductor_joint_graph_passes,
+    inductor_settings_key,
     make_inductor_compiler,
     mark_user_visible_outputs,
     nop,
@@ -316,7 +317,10 @@ def _inductor_for_role(role: GraphRole) -> Callable[..., Callable[[list[Any]], A
 
     compile_for_role.__name__ = f"inductor_{role}"
     compile_for_role.__qualname__ = compile_for_role.__name__
-    mark_cache_key(compile_for_role, f"aotkit.inductor.layouts.{role}/2")
+    # See Note [Inductor settings in the on-disk cache key] in aotkit_backends
+    mark_cache_key(
+        compile_for_role, f"aotkit.inductor.layouts.{role}/2", settings=inductor_settings_key
+    )
     return compile_for_role
 
 
@@ -337,7 +341,9 @@ def _inductor_partition(
     return fw, bw
 
 
-mark_cache_key(_inductor_partition, "aotkit.inductor.partition/4")
+# Inductor's joint-graph passes read its config: See Note [Inductor settings in the
+# on-disk cache key] in aotkit_backends
+mark_cache_key(_inductor_partition, "aotkit.inductor.partition/4", settings=inductor_settings_key)
 
 
 # The registered backends: module attributes, so that dynamo's registry can load them by

@@ -25,6 +25,7 @@ from ._view_and_mutation_meta import ViewAndMutationMeta
 JSON_SCHEMA_VERSION = 2
 _T = TypeVar("_T")
 _CACHE_KEY_ATTR = "_aotkit_cache_key"
+_CACHE_SETTINGS_ATTR = "_aotkit_cache_settings"
 
 
 class CacheFormatError(ValueError):
@@ -241,20 +242,34 @@ def meta_from_json(d: Any) -> ViewAndMutationMeta:
 # stable string: ``mark_cache_key(fn, "mycompiler/3")``. The string must change whenever
 # the callable's output for the same graph would. A callable without a key makes its
 # compilations uncacheable (aot_function's arbitrary user compilers stay off the disk).
+# A callable whose output also depends on process-wide settings (aotkit_inductor's
+# partitioner runs Inductor's joint-graph passes, which read ``torch._inductor.config``)
+# declares them with ``settings``: a function of no arguments returning a string that
+# changes whenever those settings would change the callable's output. It is read every
+# time a key is made (it must be cheap); ``compiler_cache_key`` returns the stable key and
+# that string together. A ``settings`` that raises means "cannot describe the settings
+# now": the compilation is not cached.
 
 
-def mark_cache_key(fn: Callable[..., Any], key: str) -> None:
-    """Declare ``fn``'s stable cache key. See Note [Compiler cache keys]."""
+def mark_cache_key(
+    fn: Callable[..., Any], key: str, *, settings: Callable[[], str] | None = None
+) -> None:
+    """Declare ``fn``'s stable cache key and, optionally, a reader of the process-wide
+    settings its output also depends on. See Note [Compiler cache keys]."""
     setattr(fn, _CACHE_KEY_ATTR, key)
+    setattr(fn, _CACHE_SETTINGS_ATTR, settings)
 
 
 def compiler_cache_key(fn: Any) -> str | None:
-    """``fn``'s cache key, looking through ``functools.wraps`` wrappers; None if it has none."""
+    """``fn``'s cache key (with its settings, See Note [Compiler cache keys]), looking
+    through ``functools.wraps`` wrappers; None if it has none."""
     seen = 0
     while fn is not None and seen < 8:
         key = getattr(fn, _CACHE_KEY_ATTR, None)
         if isinstance(key, str):
-            return key
+            settings = getattr(fn, _CACHE_SETTINGS_ATTR, None)
+            # See Note [Compiler cache keys]: a settings reader that raises propagates
+            return key if settings is None else f"{key}|{settings()}"
         fn = getattr(fn, "__wrapped__", None)
         seen += 1
     return None
