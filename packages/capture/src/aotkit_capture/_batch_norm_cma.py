@@ -21,14 +21,24 @@
 #     in float64, rounded to the buffer's dtype.
 # The graph then reads ``num_batches_tracked`` like any other buffer: every step runs the
 # same graph, with running stats and ``num_batches_tracked`` as in eager.
+# The mode is entered only around such a forward, not around the whole trace: a
+# torch-function mode makes every torch call (and every Tensor method called by torch's
+# own Python tracing code) go through Python, about 5% of a transformer's compile. While
+# an aotkit trace runs, ``_BatchNorm.forward`` is swapped for a function that enters the
+# mode when the module uses a cumulative average in training and the calling thread is
+# tracing (a thread-local flag; other threads, and calls outside a trace, run the
+# original forward unchanged). The swap is reference-counted under a lock, so nested and
+# concurrent traces share one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -117,13 +127,53 @@ def _batch_norm_with_tensor_momentum(
     return out
 
 
+_BATCH_NORM = torch.nn.modules.batchnorm._BatchNorm
+_ORIGINAL_FORWARD = _BATCH_NORM.forward
+_tracing = threading.local()
+_swap_lock = threading.Lock()
+_swap_users = 0
+
+
+def _forward(self: Any, input: torch.Tensor) -> torch.Tensor:
+    """``_BatchNorm.forward`` while an aotkit trace runs: the original, under the mode
+    when this thread traces a cumulative average in training."""
+    if (
+        getattr(_tracing, "depth", 0)
+        and self.training
+        and self.momentum is None
+        and self.track_running_stats
+        and self.num_batches_tracked is not None
+    ):
+        with _CumulativeBatchNorm():
+            return _ORIGINAL_FORWARD(self, input)
+    return _ORIGINAL_FORWARD(self, input)
+
+
+@contextlib.contextmanager
+def _swapped_forward() -> Iterator[None]:
+    global _swap_users
+    with _swap_lock:
+        if _swap_users == 0:
+            _BATCH_NORM.forward = _forward
+        _swap_users += 1
+    _tracing.depth = getattr(_tracing, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _tracing.depth -= 1
+        with _swap_lock:
+            _swap_users -= 1
+            if _swap_users == 0:
+                _BATCH_NORM.forward = _ORIGINAL_FORWARD
+
+
 def cumulative_batch_norm(flat_fn: Callable[..., Any]) -> Callable[..., Any]:
     """``flat_fn`` traced with BatchNorm's cumulative moving average as tensor ops (See
     Note [BatchNorm's cumulative moving average])."""
 
     @functools.wraps(flat_fn)
     def traced(*args: Any) -> Any:
-        with _CumulativeBatchNorm():
+        with _swapped_forward():
             return flat_fn(*args)
 
     return traced
