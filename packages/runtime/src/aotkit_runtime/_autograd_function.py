@@ -92,6 +92,18 @@ class _Opaque:
         self.value = value
 
 
+# Note [Sparse tangents]
+# The backward graph is traced with strided (dense) fake tangents, also for an output
+# whose layout is sparse (``x.to_sparse()``). At run time autograd may hand a sparse
+# gradient for such an output; ``.contiguous()`` raises on it ("unsupported memory
+# format option"), and passing it through unchanged gives the graph an input of another
+# layout than it was traced for (a sparse ``.grad`` for a dense leaf, where eager's
+# ``ToSparseBackward`` gives a dense one). The tangent is densified instead: the same
+# values, in the layout the graph was traced for.
+_SPARSE_LAYOUTS = frozenset(
+    {torch.sparse_coo, torch.sparse_csr, torch.sparse_csc, torch.sparse_bsr, torch.sparse_bsc}
+)
+
 def _opaque_positions(meta: ViewAndMutationMeta) -> frozenset[int]:
     n_mut = meta.num_mutated_inp_runtime_indices
     hidden = {
@@ -288,6 +300,9 @@ def make_autograd_function(
                         tangents[k] = coerce_tangent_layout(zero, layouts[k]) if layouts else zero
                 elif layouts:
                     tangents[k] = coerce_tangent_layout(t, layouts[k])
+                elif t.layout in _SPARSE_LAYOUTS:
+                    # See Note [Sparse tangents]
+                    tangents[k] = t.to_dense()
                 elif not t.is_contiguous():
                     tangents[k] = t.contiguous()
             # unpacking checks the versions of guarded unsafe views too
