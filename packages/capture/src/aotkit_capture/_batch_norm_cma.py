@@ -154,7 +154,7 @@ def _swapped_forward() -> Iterator[None]:
     global _swap_users
     with _swap_lock:
         if _swap_users == 0:
-            _BATCH_NORM.forward = _forward
+            _BATCH_NORM.forward = _forward  # type: ignore[method-assign]
         _swap_users += 1
     _tracing.depth = getattr(_tracing, "depth", 0) + 1
     try:
@@ -164,7 +164,7 @@ def _swapped_forward() -> Iterator[None]:
         with _swap_lock:
             _swap_users -= 1
             if _swap_users == 0:
-                _BATCH_NORM.forward = _ORIGINAL_FORWARD
+                _BATCH_NORM.forward = _ORIGINAL_FORWARD  # type: ignore[method-assign]
 
 
 def cumulative_batch_norm(flat_fn: Callable[..., Any]) -> Callable[..., Any]:
