@@ -354,3 +354,37 @@ def test_the_disk_cache_never_restores_a_graph_traced_with_other_values(
             assert (cache_counters["hit"] > before) is hit, scale
     finally:
         disk_cache_config.dir, disk_cache_config.enabled = None, None
+
+
+class CondOnAttribute(nn.Module):
+    """``torch.cond`` runs dynamo on its branches inside aot_module's trace, and the
+    branch reads ``self.scale`` (an int: dynamo lifts a float closure
+    as a SymFloat, which cond rejects). See Note [Recording module attribute reads]."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.scale = 2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        def true_fn(x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.scale
+
+        def false_fn(x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) - self.scale
+
+        return torch.cond(x.sum() > 0, true_fn, false_fn, (x,))
+
+
+def test_an_attribute_read_inside_a_cond_branch_is_checked() -> None:
+    torch.manual_seed(0)
+    eager = CondOnAttribute()
+    compiled = aot_module(copy.deepcopy(eager), nop)
+    x = torch.ones(2, 3)
+    torch.testing.assert_close(compiled(x), eager(x), rtol=0, atol=0)
+    for scale in (3, -1):
+        eager.scale = scale
+        compiled.orig_module.scale = scale
+        torch.testing.assert_close(compiled(x), eager(x), rtol=0, atol=0)
+    # the recorder is back off nn.Module after the compilation
+    assert "__getattribute__" not in nn.Module.__dict__

@@ -49,7 +49,11 @@
 # of nested submodules, in properties (their getter's ``self._x``), in forward hooks and
 # pre-hooks. Reads through ``self.__dict__[...]`` or ``vars(self)`` are not; and a module
 # whose class defines its own ``__getattribute__`` may bypass the recorder, so its slots
-# are always watched.
+# are always watched. Dynamo (which ``torch.cond`` and other higher-order operators run on
+# their branches inside the trace) treats a Python ``__getattribute__`` on nn.Module as
+# custom and fails on it, so the recorder is taken off while dynamo compiles (its
+# compile-start/end callbacks) and put back after; reads made meanwhile are not seen, so a
+# compilation during which dynamo ran watches every slot.
 """
 
 from __future__ import annotations
@@ -197,8 +201,11 @@ class ModuleAttrs:
                 if slot is not None:
                     reads.add(slot)
 
+        runs = _DYNAMO_RUNS[0]
         with recording_reads(saw):
             yield
+        if _DYNAMO_RUNS[0] != runs:  # See Note [Recording module attribute reads]
+            reads.update(range(len(self._slots)))
 
     def end_compile(self, artifacts: Any, restored: bool) -> bool:
         """After a compilation made ``artifacts``: keep its snapshot, watch what it read
@@ -271,15 +278,61 @@ def _recording_getattribute(self: Any, name: str) -> Any:
     return _BASE[0](self, name)
 
 
+_DYNAMO_RUNS = [0]  # dynamo compilations started while a recording was active
+_HOOKED = [False]
+_INSTALLED = [False]
+
+
+def _install() -> None:
+    if not _INSTALLED[0]:
+        _BASE[0] = nn.Module.__dict__.get("__getattribute__", object.__getattribute__)
+        nn.Module.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
+        _INSTALLED[0] = True
+
+
+def _uninstall() -> None:
+    if _INSTALLED[0]:
+        if _BASE[0] is object.__getattribute__:
+            del nn.Module.__getattribute__
+        else:
+            nn.Module.__getattribute__ = _BASE[0]  # type: ignore[method-assign]
+        _INSTALLED[0] = False
+
+
+def _dynamo_started(args: Any) -> None:
+    with _LOCK:
+        if _ACTIVE:
+            _DYNAMO_RUNS[0] += 1
+            _uninstall()
+
+
+def _dynamo_ended(args: Any) -> None:
+    with _LOCK:
+        if _ACTIVE:
+            _install()
+
+
+def _hook_dynamo() -> None:
+    """Take the recorder off while dynamo compiles (See Note [Recording module attribute
+    reads]); dynamo is imported by every trace anyway."""
+    if _HOOKED[0]:
+        return
+    from torch._dynamo.callback import callback_handler
+
+    callback_handler.register_start_callback(_dynamo_started)
+    callback_handler.register_end_callback(_dynamo_ended)
+    _HOOKED[0] = True
+
+
 @contextlib.contextmanager
 def recording_reads(saw: Callable[[Any, str], None]) -> Iterator[None]:
     """Call ``saw(module, name)`` for every attribute read of any nn.Module in the body.
     See Note [Recording module attribute reads]."""
     global _ACTIVE
+    _hook_dynamo()
     with _LOCK:
         if not _ACTIVE:
-            _BASE[0] = nn.Module.__dict__.get("__getattribute__", object.__getattribute__)
-            nn.Module.__getattribute__ = _recording_getattribute  # type: ignore[method-assign]
+            _install()
         _ACTIVE = (*_ACTIVE, saw)
     try:
         yield
@@ -289,10 +342,7 @@ def recording_reads(saw: Callable[[Any, str], None]) -> Iterator[None]:
             rest.remove(saw)
             _ACTIVE = tuple(rest)
             if not _ACTIVE:
-                if _BASE[0] is object.__getattribute__:
-                    del nn.Module.__getattribute__
-                else:
-                    nn.Module.__getattribute__ = _BASE[0]  # type: ignore[method-assign]
+                _uninstall()
 
 
 def explain_attr_change(
