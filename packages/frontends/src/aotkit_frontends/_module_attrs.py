@@ -279,7 +279,6 @@ def _recording_getattribute(self: Any, name: str) -> Any:
 
 
 _DYNAMO_RUNS = [0]  # dynamo compilations started while a recording was active
-_HOOKED = [False]
 _INSTALLED = [False]
 
 
@@ -314,14 +313,14 @@ def _dynamo_ended(args: Any) -> None:
 
 def _hook_dynamo() -> None:
     """Take the recorder off while dynamo compiles (See Note [Recording module attribute
-    reads]); dynamo is imported by every trace anyway."""
-    if _HOOKED[0]:
-        return
+    reads]); dynamo is imported by every trace anyway. Checked on every recording:
+    ``torch._dynamo.reset()`` clears dynamo's callbacks."""
     from torch._dynamo.callback import callback_handler
 
-    callback_handler.register_start_callback(_dynamo_started)
-    callback_handler.register_end_callback(_dynamo_ended)
-    _HOOKED[0] = True
+    if _dynamo_started not in callback_handler.start_callbacks:
+        callback_handler.register_start_callback(_dynamo_started)
+    if _dynamo_ended not in callback_handler.end_callbacks:
+        callback_handler.register_end_callback(_dynamo_ended)
 
 
 @contextlib.contextmanager
