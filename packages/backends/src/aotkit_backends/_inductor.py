@@ -183,6 +183,9 @@ def _compile_flat(
 ) -> BoxedCallable:
     # Imported here, not at the top: importing Inductor costs seconds, and a missing or
     # broken Inductor must not break ``import aotkit_backends`` (checked in ``_compile``).
+    # (lowering: Inductor's decompositions read it as an attribute; See
+    # _inductor_decompositions in aotkit_frontends)
+    import torch._inductor.lowering  # noqa: F401
     from torch._inductor.compile_fx import compile_fx_inner
     from torch._inductor.decomposition import select_decomp_table
 

@@ -262,6 +262,11 @@ def dtype_from_inputs(example_inputs: Iterable[Any]) -> torch.dtype:
 
 def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
     # Imported when the first graph is compiled: importing Inductor takes seconds.
+    # Inductor's decompositions read ``torch._inductor.lowering`` as an attribute (e.g.
+    # max_pool2d_with_indices), which Inductor's own path has imported by then; a fresh
+    # process tracing for aotkit_inductor first had not ("module 'torch._inductor' has no
+    # attribute 'lowering'").
+    import torch._inductor.lowering  # noqa: F401
     from torch._inductor.decomposition import select_decomp_table
 
     table: dict[Any, Callable[..., Any]] = select_decomp_table()
