@@ -603,3 +603,104 @@ def test_torch_compile_recompiles_when_graph_hooks_change() -> None:
                 torch.testing.assert_close(a, e, atol=1e-2, rtol=1e-2)
             assert counter.frame_count == frames, hooks
     torch._dynamo.reset()
+
+
+# hooks written against torch: they read torch's private hook context, as the suite's
+# `_pack_fp8_wrap` does. See Note [Hooks and logs written against torch].
+TORCH_SEEN: list[tuple[str, Any]] = []
+
+
+def _torch_context() -> Any:
+    import torch._functorch._aot_autograd.graph_compile as graph_compile
+
+    return graph_compile._get_saved_tensor_hook_context()
+
+
+@torch.fx.wrap
+def _pack_torch_ctx_wrap(x: torch.Tensor) -> Any:
+    if type(x) is not torch.Tensor:
+        TORCH_SEEN.append(("pack", _torch_context()))
+    return (x.dtype, x.to(torch.bfloat16))
+
+
+@torch.fx.wrap
+def _unpack_torch_ctx_wrap(x: Any) -> torch.Tensor:
+    dtype, tensor = x
+    if type(tensor) is not torch.Tensor:
+        TORCH_SEEN.append(("unpack", _torch_context()))
+    return tensor.to(dtype)
+
+
+def pack_torch_ctx(x: torch.Tensor) -> Any:
+    return _pack_torch_ctx_wrap(x)
+
+
+def unpack_torch_ctx(x: Any) -> torch.Tensor:
+    return _unpack_torch_ctx_wrap(x)
+
+
+@pytest.mark.parametrize("preset", [False, True], ids=["unset", "preset"])
+def test_hooks_reading_torchs_context_work_as_under_torch(preset: bool) -> None:
+    """A GraphModule hook written against torch (it calls torch's private
+    ``_get_saved_tensor_hook_context()``) sees, under aotkit, torch's dict shape with the
+    graphs and the saved node of aotkit's compilation; torch's slot is put back after
+    (deleted, or the value it held); outputs and grads match eager and torch."""
+    import torch._functorch._aot_autograd.graph_compile as graph_compile
+
+    hooks = to_gm(pack_torch_ctx, unpack_torch_ctx)
+    slot = graph_compile._thread_local
+    sentinel = {"_fw_graph": "outer", "_bw_graph": "outer", "_node": "outer"}
+    if preset:
+        slot.state = sentinel
+    try:
+        ref_outs, ref_grads = _eager(mlp, hooks)
+        results = {}
+        for name, aot in (("aotkit", aot_function), ("torch", torch_aot_function)):
+            TORCH_SEEN.clear()
+            with _mode("all"):
+                outs, grads, codes = _run(aot, mlp, hooks)
+            results[name] = [kind for kind, _ in TORCH_SEEN]
+            assert TORCH_SEEN, f"{name}: the hooks were traced"
+            for kind, ctx in TORCH_SEEN:
+                assert type(ctx) is dict, (name, kind, ctx)
+                assert set(ctx) == {"_fw_graph", "_bw_graph", "_node"}
+                assert isinstance(ctx["_fw_graph"], torch.fx.Graph)
+                assert isinstance(ctx["_bw_graph"], torch.fx.Graph)
+                assert ctx["_fw_graph"] is not ctx["_bw_graph"]
+                assert ctx["_node"].graph is ctx["_fw_graph"]
+            assert any("torch.bfloat16" in c for c in codes), f"{name}: hooks inlined"
+            for a, b in zip([*outs, *grads], [*ref_outs, *ref_grads], strict=True):
+                assert torch.equal(a, b), name
+            if preset:
+                assert slot.state is sentinel, name
+            else:
+                assert not hasattr(slot, "state"), name
+        assert results["aotkit"] == results["torch"]
+    finally:
+        if hasattr(slot, "state"):
+            del slot.state
+
+
+def test_aotkit_does_not_import_torchs_graph_compile() -> None:
+    """aotkit mirrors its hook context into torch's module only if that module is already
+    loaded; compiling with GraphModule hooks never imports it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, torch, aotkit\n"
+        "def pack(x): return x.to(torch.bfloat16)\n"
+        "def unpack(x): return x.to(torch.float32)\n"
+        "hooks = torch.fx.symbolic_trace(pack), torch.fx.symbolic_trace(unpack)\n"
+        "x = torch.randn(3, requires_grad=True)\n"
+        "import torch._functorch.config as c\n"
+        "with c.patch(saved_tensors_hooks_filtering_mode='all'), "
+        "torch.autograd.graph.saved_tensors_hooks(*hooks):\n"
+        "    aotkit.aot_function(lambda x: x.sin().cos(), aotkit.nop)(x).sum().backward()\n"
+        "assert x.grad is not None\n"
+        "print('torch._functorch._aot_autograd.graph_compile' in sys.modules)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True
+    )
+    assert out.stdout.strip() == "False", out.stdout + out.stderr

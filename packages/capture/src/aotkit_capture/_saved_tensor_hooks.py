@@ -33,7 +33,9 @@
 # a tensor subclass raises NotImplementedError naming the workaround, with torch's texts.
 # While a hook is traced, ``get_saved_tensor_hook_context()`` returns the forward graph,
 # the backward graph and the saved node (torch's private
-# ``_get_saved_tensor_hook_context()``), so a hook can decide per saved value.
+# ``_get_saved_tensor_hook_context()``), so a hook can decide per saved value; hooks that
+# call torch's own function see the same context (See Note [Hooks and logs written
+# against torch]).
 # Donated buffers and the ``bw_donated_idxs`` line are computed on the graphs after
 # inlining, so packed values count as the fresh intermediates they are. At run time the
 # hooks are disabled around the compiled call (See Note [Inlined saved-tensors hooks at
@@ -54,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -113,12 +116,52 @@ def get_saved_tensor_hook_context() -> SavedTensorHookContext | None:
     return getattr(_state, "context", None)
 
 
+# Note [Hooks and logs written against torch]
+# Saved-tensors hooks written for torch's AOTAutograd read their graph context through
+# torch's private ``torch._functorch._aot_autograd.graph_compile.
+# _get_saved_tensor_hook_context()``, which returns the dict in that module's thread-local
+# ``_thread_local.state`` (``{"_fw_graph", "_bw_graph", "_node"}``), and tests or log
+# scrapers listen for the ``bw_donated_idxs=[...]`` line on that module's loggers. For such
+# hooks to run unchanged under aotkit (drop-in), while aotkit traces a hook, and only if
+# ``sys.modules`` already holds torch's module (a hook that calls it has imported it), the
+# same context is mirrored into that slot, in torch's dict shape, and the previous value
+# is put back afterwards (deleted when there was none, as torch does). aotkit never
+# imports the module (package code must not depend on torch's AOTAutograd): when the
+# module is not loaded, no hook can be reading its slot. The metadata line, with
+# ``bw_donated_idxs``, is logged on torch's logger name by ``logging.getLogger`` (See
+# Note [torch's aot_graphs metadata line] in _logs.py).
+_TORCH_GRAPH_COMPILE = "torch._functorch._aot_autograd.graph_compile"
+
+
+@contextlib.contextmanager
+def _torch_hook_context(context: SavedTensorHookContext) -> Iterator[None]:
+    """Mirror ``context`` into torch's hook-context slot for the body, if torch's module
+    is loaded. See Note [Hooks and logs written against torch]."""
+    module = sys.modules.get(_TORCH_GRAPH_COMPILE)
+    slot = getattr(module, "_thread_local", None)
+    if slot is None:
+        yield
+        return
+    missing = object()
+    previous = getattr(slot, "state", missing)
+    slot.state = {"_fw_graph": context.fw_graph, "_bw_graph": context.bw_graph, "_node": context.node}
+    try:
+        yield
+    finally:
+        if previous is missing:
+            if hasattr(slot, "state"):
+                del slot.state
+        else:
+            slot.state = previous
+
+
 @contextlib.contextmanager
 def _hook_context(context: SavedTensorHookContext) -> Iterator[None]:
     previous = getattr(_state, "context", None)
     _state.context = context
     try:
-        yield
+        with _torch_hook_context(context):
+            yield
     finally:
         _state.context = previous
 
@@ -138,8 +181,6 @@ def inlineable_hooks() -> tuple[torch.fx.GraphModule, torch.fx.GraphModule] | No
 
 
 def _in_compiled_autograd() -> bool:
-    import sys
-
     module = sys.modules.get("torch._dynamo.compiled_autograd")
     return bool(getattr(module, "in_compiled_autograd_region", False))
 
