@@ -77,3 +77,16 @@ def test_a_tangent_layout_the_format_cannot_carry_is_refused() -> None:
     _check_tangent_layouts_round_trip([plain])  # contiguous: the spec carries it
     with pytest.raises(Uncacheable, match="tangent layout"):
         _check_tangent_layouts_round_trip([channels_last])
+
+
+def test_view_chains_of_intermediates_do_not_refuse_an_entry() -> None:
+    # views of intermediates carry a recorded chain too (See Note [View replay of
+    # intermediate aliases]), but a restored entry without it replays the graph value's
+    # own view, which is correct there: the program stays cacheable
+    def g(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b = x.add(10)
+        return b, b.view(-1)
+
+    art = _artifacts(g, torch.ones(2, 2, requires_grad=True))
+    assert art.meta.output_info[1].view_meta_sequence is not None
+    assert entry_payload(art, None) is not None

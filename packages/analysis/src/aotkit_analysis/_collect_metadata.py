@@ -410,8 +410,41 @@ def _with_view_chains(
             chain = recorded_view_chain(o)
             if chain is not None:
                 info = dataclasses.replace(info, view_meta_sequence=chain)
+        elif info.output_type in _INTERMEDIATE_ALIASES and _base_is_chain_root(o, f_outs, info):
+            # See Note [View replay of intermediate aliases]
+            chain = recorded_view_chain(o)
+            if chain is not None:
+                info = dataclasses.replace(info, view_meta_sequence=chain)
         result.append(info)
     return result
+
+
+# Note [View replay of intermediate aliases]
+# An output that views an intermediate is rebuilt at run time from the base the graph
+# returns (a user output, or an extra base output). As for views of inputs (See Note [View
+# replay] in aotkit_functional), functionalization's recorded view chain of the output is
+# replayed on that base, so the result has eager's view grad_fn even when the compiled
+# graph's value cannot tell its own base (a compiler that hides ``_base``/``_view_func``,
+# as torch's suite does). The chain starts at the root of the output's functional storage,
+# so it is recorded only when the regenerated-from base is that root: the output's
+# autograd ``_base`` (which is a root tensor), with an empty chain of its own (no
+# in-place view such as ``t_`` applied to it). Otherwise the runtime falls back to view
+# replay from the graph value, then to ``as_strided``.
+_INTERMEDIATE_ALIASES = (
+    OutputType.alias_of_intermediate,
+    OutputType.alias_of_intermediate_save_as_output,
+    OutputType.alias_of_intermediate_base_is_user_output,
+)
+
+
+def _base_is_chain_root(o: Any, f_outs: Sequence[Any], info: OutputAliasInfo) -> bool:
+    base = getattr(o, "_base", None)
+    if base is None or info.base_idx is None:
+        return False
+    if info.output_type is OutputType.alias_of_intermediate_base_is_user_output:
+        if f_outs[info.base_idx] is not base:
+            return False  # regenerated from a twin (``y.detach()``), not from the base
+    return recorded_view_chain(base) == []
 
 
 def _classify_outputs(

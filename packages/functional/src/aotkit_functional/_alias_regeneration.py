@@ -78,9 +78,11 @@ def regenerate_alias(
         same_storage = True
     else:
         same_storage = _share_storage(graph_value, base)
-    if out is None and same_storage and graph_value._is_view():
-        view_base = graph_value._base
-        assert view_base is not None
+    # A tensor may say it is a view and still hide its base (a compiler's Tensor subclass
+    # overriding ``_base``/``_view_func``): then there is nothing to replay from, and (2)
+    # rebuilds it from the graph value's metadata.
+    view_base = graph_value._base if graph_value._is_view() else None
+    if out is None and same_storage and view_base is not None:
         replay_base = base
         if view_base is not base and (
             view_base.size() != base.size()
@@ -98,7 +100,8 @@ def regenerate_alias(
                     view_base.size(), view_base.stride(), view_base.storage_offset()
                 )
         try:
-            candidate = view_func(graph_value)(replay_base)
+            replay = view_func(graph_value)
+            candidate = replay(replay_base) if replay is not None else None
         except RuntimeError:
             candidate = None
         if (
@@ -108,14 +111,13 @@ def regenerate_alias(
             and candidate.dtype == graph_value.dtype
         ):
             out = candidate
-    if out is None and not same_storage and graph_value._is_view():
+    if out is None and not same_storage and view_base is not None:
         # No recorded chain (its view arguments were symbolic) and the graph computed the
         # alias from a fresh tensor standing for the base (an input mutated in the graph).
         # The graph's strides are only the user's when that tensor has the base's layout.
-        root = graph_value._base
+        root = view_base
         if (
-            root is not None
-            and root.shape == base.shape
+            root.shape == base.shape
             and root.dtype == base.dtype
             and root.stride() != base.stride()
         ):

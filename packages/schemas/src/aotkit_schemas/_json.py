@@ -174,8 +174,14 @@ def meta_to_json(meta: ViewAndMutationMeta) -> dict[str, Any]:
     """``meta`` as JSON data. See Note [Cache JSON format]."""
     # functionalization's recorded view chains (See Note [View replay] in
     # aotkit_functional) are C++ objects with no cache form; an entry restored without
-    # them would replay outputs' views another way, so such programs stay off the disk
-    infos = [*meta.input_info, *meta.output_info]
+    # them would replay views of inputs another way, so such programs stay off the disk.
+    # Chains of views of intermediates are left out of the entry: without them the
+    # runtime replays the graph value's own view (See Note [View replay of intermediate
+    # aliases] in aotkit_analysis), correct for a base laid out as the graph's.
+    infos = [
+        *meta.input_info,
+        *(o for o in meta.output_info if o.output_type is OutputType.alias_of_input),
+    ]
     if any(getattr(i, "view_meta_sequence", None) is not None for i in infos):
         raise CacheFormatError("recorded view chains (view replay) have no cache form")
     tangents = []
