@@ -130,14 +130,50 @@ def requires_grad_leaf_made_inside_under_no_grad(x):
 @case(
     inputs=lambda: (rand(3),),
     torch_differs=TorchDiffers("torch compiles an inference graph: the output loses requires_grad"),
-    aotkit_bug=(
-        "no input requires grad, so aotkit compiles an inference graph and an output computed "
-        "from a leaf made inside the function loses requires_grad (and its grad_fn)"
-    ),
 )
 def view_of_leaf_made_inside_without_grad_inputs(x):
+    # See Note [Inference graphs and leaves made inside the function] (was a strict xfail)
     y = torch.full((3,), 0.5).requires_grad_()
     return y.reshape(-1), x + 1
+
+
+@case(
+    inputs=lambda: (rand(3),),
+    torch_differs=TorchDiffers("torch compiles an inference graph: the output loses requires_grad"),
+)
+def product_of_leaf_made_inside_without_grad_inputs(x):
+    y = torch.full((3,), 0.5).requires_grad_()
+    return y * x, x + 1
+
+
+@case(
+    inputs=lambda: (rand(3),),
+    torch_differs=TorchDiffers("torch's inference graph returns the views as leaves"),
+)
+def two_views_of_leaf_made_inside_without_grad_inputs(x):
+    y = torch.full((3,), 0.5).requires_grad_()
+    return y.view(-1), y.view(3, 1), x + 1
+
+
+@case(
+    inputs=lambda: (rand(3),),
+    torch_differs=TorchDiffers("torch's inference graph returns the views as leaves"),
+)
+def two_views_of_product_with_leaf_made_inside_without_grad_inputs(x):
+    z = torch.full((3,), 0.5).requires_grad_() * x
+    return z.view(-1), z.t(), x.sin()
+
+
+@case(
+    inputs=lambda: (rand(3),),
+    grad_enabled=False,
+    torch_differs=TorchDiffers("torch compiles an inference graph: the output loses requires_grad"),
+)
+def leaf_made_inside_under_enable_grad_called_under_no_grad(x):
+    with torch.enable_grad():
+        y = torch.full((3,), 0.5).requires_grad_()
+        z = (y * x).unsqueeze(0)
+    return z, x + 1
 
 
 # ---- autocast's cast cache --------------------------------------------------------------

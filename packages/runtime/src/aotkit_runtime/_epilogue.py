@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from aotkit_functional import apply_view_meta_sequence, regenerate_alias
+from aotkit_functional import apply_view_meta_sequence, as_plain_tensor, regenerate_alias
 from aotkit_schemas import OutputType, ViewAndMutationMeta
 
 
@@ -102,7 +102,76 @@ def needs_epilogue(meta: ViewAndMutationMeta) -> bool:
         or meta.grad_enabled_mutation is not None
         or meta.num_forward_returns != meta.num_outputs
         or any(info.fresh_leaf for info in meta.output_info)
+        or bool(_rooted_outputs(meta))
+        or bool(_rooted_bases(meta))
     )
+
+
+# Note [Inference graphs and leaves made inside the function]
+# When no input requires grad aotkit compiles an inference graph, whose outputs never
+# require grad. An output computed from a leaf the function made itself (``y =
+# torch.full(...).requires_grad_(); return y.reshape(-1), x + 1``) requires grad in eager,
+# and has a grad_fn (it is not a leaf). The gradient it carries can only reach that leaf,
+# which the caller never sees (returning the leaf too is refused: See Note [Leaves made
+# inside the function] in aotkit_analysis), so the epilogue rebuilds exactly the flags:
+#   * a plain output that required grad in the trace is detached and made a leaf that
+#     requires grad; a ``non_alias`` one is passed through an identity autograd.Function
+#     (no copy: See ``as_plain_tensor``): requires_grad, not a leaf, not a view, a
+#     grad_fn that ends at that hidden leaf; an ``unsafe_view_alias`` one (a view of a
+#     tensor made inside) becomes a full view of its leaf, as eager's view of the leaf;
+#   * the base of aliases of an intermediate that required grad is made such a leaf
+#     before the aliases are regenerated from it, so they are views with a view grad_fn,
+#     as eager's views of the leaf.
+# Grad mode is on for both (the trace says the function had it on where it made them).
+_PLAIN_OUTPUTS = (OutputType.non_alias, OutputType.unsafe_view_alias)
+_INTERMEDIATE_BASES = (
+    OutputType.alias_of_intermediate,
+    OutputType.alias_of_intermediate_save_as_output,
+)
+
+
+def _rooted_outputs(meta: ViewAndMutationMeta) -> tuple[tuple[int, bool], ...]:
+    """Plain outputs of an inference graph that required grad at trace time, and whether
+    each was a view there. See Note [Inference graphs and leaves made inside the
+    function]."""
+    if meta.is_train:
+        return ()
+    return tuple(
+        (j, info.output_type is OutputType.unsafe_view_alias)
+        for j, info in enumerate(meta.output_info)
+        if info.requires_grad and not info.fresh_leaf and info.output_type in _PLAIN_OUTPUTS
+    )
+
+
+def _rooted_bases(meta: ViewAndMutationMeta) -> frozenset[int]:
+    """Intermediate bases (indices into the extra base outputs) of an inference graph whose
+    aliases required grad at trace time."""
+    if meta.is_train:
+        return frozenset()
+    return frozenset(
+        info.base_idx
+        for info in meta.output_info
+        if info.requires_grad
+        and info.output_type in _INTERMEDIATE_BASES
+        and info.base_idx is not None
+    )
+
+
+class _Rooted(torch.autograd.Function):
+    """Identity on a hidden leaf: the result is a non-leaf, non-view tensor over the same
+    memory whose grad_fn ends at that leaf."""
+
+    @staticmethod
+    def forward(ctx: Any, leaf: torch.Tensor) -> torch.Tensor:
+        return as_plain_tensor(leaf)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad
+
+
+def _hidden_leaf(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().requires_grad_()
 
 
 def make_epilogue(
@@ -146,6 +215,9 @@ def make_epilogue(
         if info.is_regenerated_alias
     ]
     grad_mode_after = meta.grad_enabled_mutation
+    # See Note [Inference graphs and leaves made inside the function]
+    rooted_outputs = _rooted_outputs(meta)
+    rooted_bases = _rooted_bases(meta)
     # See Note [Leaves made inside the function] in aotkit_analysis
     fresh_leaves = tuple(j for j, info in enumerate(meta.output_info) if info.fresh_leaf)
 
@@ -169,6 +241,14 @@ def make_epilogue(
             )
         outs = list(returns[n_mut : n_mut + n_out])
         bases = returns[n_mut + n_out :]
+        if rooted_outputs or rooted_bases:
+            with torch.enable_grad():
+                for j, view in rooted_outputs:
+                    leaf = _hidden_leaf(outs[j])
+                    outs[j] = leaf.view(leaf.shape) if view else _Rooted.apply(leaf)
+                bases = [
+                    _hidden_leaf(b) if i in rooted_bases else b for i, b in enumerate(bases)
+                ]
         for j, kind, base_idx, requires_grad, rel, chain, no_grad_view, of_no_grad in plan:
             assert base_idx is not None
             if kind is OutputType.is_input:
