@@ -243,9 +243,9 @@ def make_epilogue(
         bases = returns[n_mut + n_out :]
         if rooted_outputs or rooted_bases:
             with torch.enable_grad():
-                for j, view in rooted_outputs:
-                    leaf = _hidden_leaf(outs[j])
-                    outs[j] = leaf.view(leaf.shape) if view else _Rooted.apply(leaf)
+                for j, as_view in rooted_outputs:
+                    fresh = _hidden_leaf(outs[j])
+                    outs[j] = fresh.view(fresh.shape) if as_view else _Rooted.apply(fresh)
                 bases = [
                     _hidden_leaf(b) if i in rooted_bases else b for i, b in enumerate(bases)
                 ]
