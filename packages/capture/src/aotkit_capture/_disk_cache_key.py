@@ -27,6 +27,8 @@
 #     [Inductor settings in the on-disk cache key] in aotkit_backends), decompositions (op
 #     name plus the decomposition's code; Inductor's config when one comes from Inductor),
 #     keep_inference_input_mutations, parameter count, static inputs;
+#   * custom operators' code and schemas (See Note [Custom operators in the on-disk cache
+#     key] in ``_disk_cache_ops``);
 #   * the versions: torch's, the cache format's, and a hash of aotkit's own sources (a
 #     development checkout changes without a version bump).
 # Modules are fingerprinted with every attribute that is not nn.Module bookkeeping (private
@@ -433,6 +435,8 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
         raise Uncacheable("exports are not cached")
     if saved_tensors_hooks_key() is not None:  # See Note [Inlined saved-tensors hooks]
         raise Uncacheable("compilations that inline GraphModule saved tensors hooks are not cached")
+    from ._disk_cache_ops import custom_ops_key  # it fingerprints with this module's tools
+
     symbolic = symbolic_kind(flat_args, cfg)
     parts = [
         ("format", CACHE_FORMAT),
@@ -446,6 +450,7 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
         ("bw", _callable_key("backward compiler", cfg.bw_compiler)),
         ("inference", _callable_key("inference compiler", cfg.inference_compiler)),
         ("decompositions", _decomposition_key(cfg.decompositions)),
+        ("custom ops", custom_ops_key()),  # See Note [Custom operators in the on-disk cache key]
         ("config", symbolic, cfg.keep_inference_input_mutations, cfg.disable_functionalization,
          cfg.num_params_buffers, cfg.no_tangents, tuple(cfg.static_input_indices or ())),
     ]
