@@ -365,6 +365,8 @@ def _input_key(flat_args: Sequence[Any], cfg: AOTConfig) -> list[Any]:
             if a.is_sparse or a.is_mkldnn or a.is_nested:
                 raise Uncacheable(f"input {i} has layout {a.layout}")
             dims: tuple[Any, ...] = (*a.shape, *a.stride(), a.storage_offset())
+            if kind == "caller" and not _is_fake(a):
+                dims = _dynamo_dims(a) or dims
             nbytes: Any = None
             if not all(type(d) is int for d in dims):
                 if not symbolic:
@@ -389,6 +391,26 @@ def _input_key(flat_args: Sequence[Any], cfg: AOTConfig) -> list[Any]:
             raise Uncacheable(f"input {i} is a {type(a).__name__}")
     out.append(("shape_env", canon.state()))
     return out
+
+
+def _dynamo_dims(a: torch.Tensor) -> tuple[Any, ...] | None:
+    """A real input's sizes, strides and offset as dynamo fakified it (symbolic where
+    dynamo made them so), or None when dynamo did not. Dynamo hands its backend real
+    tensors; the trace uses the fakes its tracing context made (the same call: See
+    ``_fakify._fakify_tensor``). Keying the real sizes would key a size hint: a warm
+    start at another batch size would miss an entry whose shape facts hold."""
+    from torch._guards import TracingContext
+
+    tracing = TracingContext.try_get()
+    if tracing is None or tracing.fake_mode is None:
+        return None
+    context = tracing.tensor_to_context.get(a)
+    if context is None:
+        return None
+    f = tracing.fake_mode.from_tensor(
+        a, symbolic_context=context, source=context.tensor_source, trace=False
+    )
+    return (*f.shape, *f.stride(), f.storage_offset())
 
 
 def _is_fake(t: torch.Tensor) -> bool:
