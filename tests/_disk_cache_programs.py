@@ -151,6 +151,17 @@ def compiled_dynamic() -> dict[str, Any]:
     return result
 
 
+def compiled_dynamic_other() -> dict[str, Any]:
+    # the cold entry of compiled_dynamic at another batch size: dynamo's graph and its
+    # guards hold, so the disk entry applies (the key once held the real batch size)
+    mod = MLP()
+    opt = torch.compile(mod, backend="aotkit_eager", dynamic=True)
+    x = torch.randn(7, 8, requires_grad=True)
+    result = _run_module(mod, opt, x)
+    torch.testing.assert_close(torch.tensor(result["out"]), mod(x)[0])
+    return result
+
+
 def compiled() -> dict[str, Any]:
     mod = MLP()
     opt = torch.compile(mod, backend="aotkit_eager")
@@ -160,7 +171,7 @@ def compiled() -> dict[str, Any]:
 PROGRAMS: dict[str, Callable[[], dict[str, Any]]] = {
     "mlp": mlp, "transformer": transformer, "convnet": convnet, "dynamic": dynamic,
     "dynamic_other": dynamic_other, "dynamic_one": dynamic_one, "compiled": compiled,
-    "compiled_dynamic": compiled_dynamic,
+    "compiled_dynamic": compiled_dynamic, "compiled_dynamic_other": compiled_dynamic_other,
 }
 
 

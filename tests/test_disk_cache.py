@@ -24,7 +24,7 @@ PROGRAMS = str(Path(__file__).with_name("_disk_cache_programs.py"))
 COLD = ["mlp", "transformer", "convnet", "dynamic", "compiled", "compiled_dynamic"]
 # warm: the cold programs, and the dynamic program with sizes that satisfy the cold
 # entry's shape guards (used, no trace) and with a size that does not (traced again)
-WARM = [*COLD, "dynamic_other", "dynamic_one"]
+WARM = [*COLD, "dynamic_other", "dynamic_one", "compiled_dynamic_other"]
 Spec = list[tuple[Path, list[str], int]]
 
 
@@ -184,6 +184,13 @@ def test_dynamic_entry_used_only_where_its_guards_hold(runs: Runs) -> None:
     assert one["counters"].get("guard_fail", 0) >= 1, one["counters"]
     assert one["counters"].get("trace") == 1 and one["counters"].get("store") == 1
     assert "hit" not in one["counters"] and "reject" not in one["counters"]
+
+
+def test_a_dynamo_dynamic_entry_is_used_at_another_batch_size(runs: Runs) -> None:
+    # torch.compile(dynamic=True): cold at batch 5, warm at batch 7 in a fresh process; the
+    # key holds dynamo's symbolic sizes, not the real tensors' (it missed before)
+    other = runs.warm["compiled_dynamic_other"]
+    assert other["counters"] == {"hit": 1}, other["counters"]
 
 
 def test_damaged_entries_are_ignored_and_recompiled(runs: Runs) -> None:

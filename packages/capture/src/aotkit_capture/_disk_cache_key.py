@@ -27,6 +27,8 @@
 #     [Inductor settings in the on-disk cache key] in aotkit_backends), decompositions (op
 #     name plus the decomposition's code; Inductor's config when one comes from Inductor),
 #     keep_inference_input_mutations, parameter count, static inputs;
+#   * custom operators' code and schemas (See Note [Custom operators in the on-disk cache
+#     key] in ``_disk_cache_ops``);
 #   * the versions: torch's, the cache format's, and a hash of aotkit's own sources (a
 #     development checkout changes without a version bump).
 # Modules are fingerprinted with every attribute that is not nn.Module bookkeeping (private
@@ -363,6 +365,8 @@ def _input_key(flat_args: Sequence[Any], cfg: AOTConfig) -> list[Any]:
             if a.is_sparse or a.is_mkldnn or a.is_nested:
                 raise Uncacheable(f"input {i} has layout {a.layout}")
             dims: tuple[Any, ...] = (*a.shape, *a.stride(), a.storage_offset())
+            if kind == "caller" and not _is_fake(a):
+                dims = _dynamo_dims(a) or dims
             nbytes: Any = None
             if not all(type(d) is int for d in dims):
                 if not symbolic:
@@ -387,6 +391,26 @@ def _input_key(flat_args: Sequence[Any], cfg: AOTConfig) -> list[Any]:
             raise Uncacheable(f"input {i} is a {type(a).__name__}")
     out.append(("shape_env", canon.state()))
     return out
+
+
+def _dynamo_dims(a: torch.Tensor) -> tuple[Any, ...] | None:
+    """A real input's sizes, strides and offset as dynamo fakified it (symbolic where
+    dynamo made them so), or None when dynamo did not. Dynamo hands its backend real
+    tensors; the trace uses the fakes its tracing context made (the same call: See
+    ``_fakify._fakify_tensor``). Keying the real sizes would key a size hint: a warm
+    start at another batch size would miss an entry whose shape facts hold."""
+    from torch._guards import TracingContext
+
+    tracing = TracingContext.try_get()
+    if tracing is None or tracing.fake_mode is None:
+        return None
+    context = tracing.tensor_to_context.get(a)
+    if context is None:
+        return None
+    f = tracing.fake_mode.from_tensor(
+        a, symbolic_context=context, source=context.tensor_source, trace=False
+    )
+    return (*f.shape, *f.stride(), f.storage_offset())
 
 
 def _is_fake(t: torch.Tensor) -> bool:
@@ -433,6 +457,8 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
         raise Uncacheable("exports are not cached")
     if saved_tensors_hooks_key() is not None:  # See Note [Inlined saved-tensors hooks]
         raise Uncacheable("compilations that inline GraphModule saved tensors hooks are not cached")
+    from ._disk_cache_ops import custom_ops_key  # it fingerprints with this module's tools
+
     symbolic = symbolic_kind(flat_args, cfg)
     parts = [
         ("format", CACHE_FORMAT),
@@ -446,6 +472,7 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
         ("bw", _callable_key("backward compiler", cfg.bw_compiler)),
         ("inference", _callable_key("inference compiler", cfg.inference_compiler)),
         ("decompositions", _decomposition_key(cfg.decompositions)),
+        ("custom ops", custom_ops_key()),  # See Note [Custom operators in the on-disk cache key]
         ("config", symbolic, cfg.keep_inference_input_mutations, cfg.disable_functionalization,
          cfg.num_params_buffers, cfg.no_tangents, tuple(cfg.static_input_indices or ())),
     ]

@@ -1,0 +1,215 @@
+"""Custom operators in the on-disk cache key.
+
+# Note [Custom operators in the on-disk cache key]
+# A custom operator's Python code shapes what aotkit traces and stores, yet the program's
+# fingerprint never reaches it (the program calls it through ``torch.ops`` or the
+# dispatcher): its fake/meta kernel gives the graph's shapes and the metadata, its
+# autograd formula (``setup_context``/``backward``) is traced into the joint graph, a
+# CompositeImplicitAutograd kernel is inlined into the graph, a mutating op's schema
+# chooses ``auto_functionalized``, and an op without a fake kernel runs its real kernel on
+# fake-converted inputs. So the key holds, for every operator of the process (the traced
+# program may reach any of them, and a decomposition inlines ops the program never names):
+#   * ``torch.library.custom_op`` operators: the schema and the code (bytecode, constants,
+#     closures, globals: See Note [On-disk cache keys]) of every function the
+#     ``CustomOpDef`` holds: the op's function, its fake, setup_context, backward, vmap,
+#     per-device kernels and torch_dispatch rules;
+#   * ``torch.library.register_fake`` kernels of any operator (the simple registry);
+#   * the schema of every operator not defined by torch.
+# Python kernels the dispatcher holds but Python cannot read back (``Library.impl``,
+# ``torch.library.register_kernel``/``register_autograd`` on an operator not made with
+# ``custom_op``) cannot be keyed on their code: a compilation in a process that has one is
+# not cached (``Uncacheable``, named with the fix), wherever it was registered. Found by
+# ``torch._C._dispatch_dump``'s "registered at" sites: a kernel registered from torch's
+# own files (or torch's C++ build) is torch's, covered by torch's version.
+# Known gaps, documented: torch's own Python Meta kernels of ``aten`` ops, and every
+# Python kernel in torch's other own namespaces (``prims``, ``_c10d_functional``...), are
+# assumed torch's (a user who overrides one with ``Library("aten", "IMPL").impl(...,
+# "Meta")`` is not seen); a registration is classified once per process, so re-registering the
+# same (operator, dispatch key) with ``Library.impl`` after the first compilation is not
+# seen; C++ kernels of extensions are not keyed (as torch's own).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+from typing import Any
+
+import torch
+import torch.library
+
+from ._disk_cache_key import Uncacheable, _Fingerprint
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+# torch's helpers that register a user's function: the function is read back from
+# the CustomOpDef or the simple registry, or the registration is refused
+_HELPERS = (os.path.join(_TORCH_DIR, "library.py"), os.path.join(_TORCH_DIR, "_library", ""))
+# torch's own namespaces: operators torch defines through the same helpers a user would
+# (``torch.library.define``/``impl``), whose sites therefore do not tell their owner
+_TORCH_NAMESPACES = frozenset({
+    "aten", "prims", "debugprims", "rngprims", "_c10d_functional", "c10d_functional",
+    "_c10d_functional_autograd", "_dtensor", "fsdp", "streams", "quantized_decomposed",
+    "symm_mem", "inductor", "mempool", "onnx", "onnx_symbolic", "flex_lib", "flex_gemm",
+    "coor", "_native", "_inductor_test", "export", "debug_mode_ops", "higher_order",
+})
+_LINE = re.compile(r"(\w+)(?:\[alias\])?: registered at (.*):\d+ :: \(none\)")
+_DEF = re.compile(r"^debug: registered at (.*):\d+$", re.M)
+_SCHEMA = re.compile(r"^schema: (.*)$", re.M)
+
+# per process: the "ns/name/DispatchKey" registrations classified so far, and those of
+# them that cannot be keyed, with the reason
+_seen: set[str] = set()
+_refused: dict[str, str] = {}
+# per process: qualname -> (definition site, schema, {dispatch key: site of its Python kernel})
+_dumps: dict[str, tuple[str, str, dict[str, str]]] = {}
+
+
+def custom_ops_key() -> list[Any]:
+    """The custom operators' part of the disk key. Raises Uncacheable. See Note [Custom
+    operators in the on-disk cache key]."""
+    impls = torch.library._impls
+    new = impls - _seen
+    if new:
+        # torch's own namespaces' kernels (aten's: its Meta kernels) need no look
+        for k in sorted(
+            k for k in new
+            if k.partition("/")[0] not in _TORCH_NAMESPACES
+            or (k.startswith("aten/") and not k.endswith("/Meta"))
+        ):
+            reason = _classify(k)
+            if reason is not None:
+                _refused[k] = reason
+        _seen.update(new)
+    for k, reason in _refused.items():
+        if k in impls:  # still registered (a destroyed Library takes its kernels away)
+            raise Uncacheable(reason)
+    from torch._library.custom_ops import OPDEFS
+    from torch._library.simple_registry import singleton
+
+    parts: list[Any] = []
+    for qualname, opdef in sorted(OPDEFS.items()):
+        if _torch_namespace(qualname):
+            continue  # one of torch's own: covered by its version
+        fp = _Fingerprint()
+        fp.put("custom_op", qualname, str(opdef._schema), sorted(map(str, opdef._tags)),
+               sorted(map(repr, opdef._autocast_dtype.items())))
+        for f in (
+            opdef._init_fn, opdef._abstract_fn, opdef._setup_context_fn, opdef._backward_fn,
+            opdef._vmap_fn, *(f for _, f in sorted(opdef._backend_fns.items(), key=repr)),
+            *(f for _, f in sorted(opdef._torch_dispatch_fns.items(), key=repr)),
+        ):
+            _kernel(fp, f)
+        parts.append((qualname, fp.hexdigest()))
+    for qualname, entry in sorted(singleton._data.items()):
+        if _torch_namespace(qualname):
+            continue
+        kernels = entry.fake_impl.kernels
+        kernel = kernels[-1] if kernels else None  # the newest runs
+        rules = entry.torch_dispatch_rules._data
+        if kernel is None and not rules:
+            continue
+        fp = _Fingerprint()
+        fp.put("fake", qualname, sorted(map(repr, rules)))
+        for f in (kernel.func if kernel is not None else None, *rules.values()):
+            _kernel(fp, f)
+        parts.append((qualname, fp.hexdigest()))
+    for qualname, (def_site, schema, _) in sorted(_dumps.items()):
+        if not _torch_namespace(qualname) and not _torch_site(def_site):
+            parts.append(("schema", qualname, schema))
+    return parts
+
+
+def _torch_namespace(qualname: str) -> bool:
+    return qualname.split("::", 1)[0] in _TORCH_NAMESPACES
+
+
+def _cell(c: Any) -> Any:
+    try:
+        return c.cell_contents
+    except ValueError:  # an empty cell
+        return None
+
+
+def _kernel(fp: _Fingerprint, f: Any, depth: int = 0) -> None:
+    """A kernel's code; torch's wrappers are looked through to the functions they close
+    over (library code is otherwise fingerprinted by name only)."""
+    if f is None:
+        fp.put(None)
+        return
+    module = getattr(f, "__module__", None) or ""
+    if isinstance(f, types.FunctionType) and (module == "torch" or module.startswith("torch.")):
+        fp.put("libfn", module, f.__qualname__)
+        if depth < 3:
+            for c in f.__closure__ or ():
+                v = _cell(c)
+                if callable(v) and not isinstance(v, type):
+                    _kernel(fp, v, depth + 1)
+        return
+    fp.value(f)
+
+
+def _torch_site(site: str) -> bool:
+    if site.startswith(_TORCH_DIR):
+        return not site.startswith(_HELPERS)
+    root = _torch_build_root()
+    return root is not None and site.startswith(root)
+
+
+_build_root: list[str | None] = []
+
+
+def _torch_build_root() -> str | None:
+    """Where torch's C++ was built (the "registered at" prefix of its native operators)."""
+    if not _build_root:
+        m = _DEF.search(torch._C._dispatch_dump("aten::add.Tensor"))
+        suffix = "build/aten/src/ATen/RegisterSchema.cpp"
+        root = m.group(1) if m else ""
+        _build_root.append(root[: -len(suffix)] if root.endswith(suffix) else None)
+    return _build_root[0]
+
+
+def _dump(qualname: str) -> tuple[str, str, dict[str, str]]:
+    """The operator's definition site, schema and Python kernels' sites, read now (a
+    registration made since the last read shows) and kept for the schema part."""
+    text = torch._C._dispatch_dump(qualname)
+    m = _DEF.search(text)
+    s = _SCHEMA.search(text)
+    d = _dumps[qualname] = (
+        m.group(1) if m else "",
+        s.group(1) if s else "",
+        {m[1]: m[2] for line in text.splitlines()
+         if line.endswith(":: (none) [ boxed ]") and (m := _LINE.match(line))},
+    )
+    return d
+
+
+def _classify(key: str) -> str | None:
+    """None when the Python kernel registered under ``key`` ("ns/name/DispatchKey") is
+    torch's or is keyed by its code; else why it cannot be keyed."""
+    ns, rest = key.split("/", 1)
+    name, dk = rest.rsplit("/", 1)
+    qualname = f"{ns}::{name}"
+    try:
+        def_site, _, kernels = _dump(qualname)
+    except RuntimeError:
+        return None  # no such operator any more: nothing can call it
+    site = kernels.get(dk)
+    if site is None or _torch_site(site):
+        return None
+    from torch._library.custom_ops import OPDEFS
+    from torch._library.simple_registry import singleton
+
+    if site.startswith(_HELPERS):
+        if qualname in OPDEFS or _torch_site(def_site) or ns in _TORCH_NAMESPACES:
+            return None
+        entry = singleton.get(qualname)
+        if dk == "Meta" and entry is not None and entry.fake_impl.kernel is not None:
+            return None
+    return (
+        f"operator {qualname} has a Python {dk} kernel registered at {site} "
+        "(Library.impl, or torch.library.register_kernel/register_autograd on an operator "
+        "not made with torch.library.custom_op): the cache cannot key its code. Define the "
+        "operator with torch.library.custom_op (and register_fake/register_autograd on it) "
+        "to make it cacheable"
+    )
