@@ -59,6 +59,8 @@ from ._single_pass import trace_single_pass as trace_single_pass
 from ._trace import FlatFn as FlatFn
 from ._trace import trace_inference as trace_inference
 from ._trace import trace_joint as trace_joint
+from ._trace_scope import backward_spanning_scope as backward_spanning_scope
+from ._trace_scope import entered_until_backward_traced as entered_until_backward_traced
 
 __all__ = [
     "CacheSidecar",
@@ -87,11 +89,13 @@ __all__ = [
     "UnsupportedHigherOrderOperatorError",
     "UnsupportedInputError",
     "VALUE_KINDS",
+    "backward_spanning_scope",
     "call_preserving_node_meta",
     "captured_tensor_error",
     "check_input_kinds",
     "compile_flat",
     "construct_fake_mode",
+    "entered_until_backward_traced",
     "explain_tracing_errors",
     "fakify_inputs",
     "get_aot_compilation_context",

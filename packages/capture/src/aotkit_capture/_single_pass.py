@@ -80,6 +80,7 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 
 from ._grad_flags import FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
+from ._trace_scope import backward_spanning_scope
 from ._rng_replay import draws_randomness, keyed_rng, replay_rng_inplace, unkeyed_if_nothing_drew
 from ._saved_detaches import (
     SavedOutputRecorder,
@@ -334,7 +335,8 @@ def trace_single_pass(
     stale_tangents: dict[int, str] = {}
 
     def joint(primals: list[Any]) -> list[Any]:
-        with natively_functionalized():
+        # See Note [Contexts that span the backward trace]
+        with backward_spanning_scope(), natively_functionalized():
             f_primals = [to_native_functional(p) for p in primals]
             # See Note [Fake-cache keys of the single pass's forward]
             flags = None if decompositions else GradFlags()

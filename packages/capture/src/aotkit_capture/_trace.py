@@ -53,6 +53,7 @@ from ._effects import (
     token_inputs,
 )
 from ._grad_mode_kernels import joint_kernel_choices
+from ._trace_scope import backward_spanning_scope
 from ._node_meta import backward_node_meta
 from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
@@ -383,7 +384,8 @@ def _trace_joint(
             if native
             else functionalized(keep_input_mutations=False, allow_token_discovery=True)
         )
-        with ctx as mode:
+        # See Note [Contexts that span the backward trace]
+        with backward_spanning_scope(), ctx as mode:
             install_tokens(mode, meta, [wrap(t) for t in tokens])
             f_primals = [wrap(p) for p in primals]
             f_tangents = [wrap(t) for t in tangents]
