@@ -45,6 +45,7 @@ from ._generators import GENERATOR_CREATED_MESSAGE as GENERATOR_CREATED_MESSAGE
 from ._generators import GeneratorCreatedInTraceError as GeneratorCreatedInTraceError
 from ._hops import UnsupportedHigherOrderOperatorError as UnsupportedHigherOrderOperatorError
 from ._input_kinds import VALUE_KINDS as VALUE_KINDS
+from ._input_rebinds import InputRebindError as InputRebindError
 from ._input_kinds import UnsupportedInputError as UnsupportedInputError
 from ._input_kinds import check_input_kinds as check_input_kinds
 from ._node_meta import call_preserving_node_meta as call_preserving_node_meta
@@ -82,6 +83,7 @@ __all__ = [
     "FlatFn",
     "GENERATOR_CREATED_MESSAGE",
     "GeneratorCreatedInTraceError",
+    "InputRebindError",
     "NotSinglePass",
     "Runner",
     "ShapeGuard",
