@@ -10,14 +10,15 @@
 #     values and shapes that belong to neither (``x.data = torch.zeros(5); return x * 3``
 #     returned 3 elements where eager returns 5). torch's AOTAutograd does the same.
 #   * ``x.requires_grad_()`` / ``x.requires_grad = True`` on an input that does not require
-#     grad: eager then records the function's ops on ``x`` and the caller's ``x`` requires
+#     grad (it stays a leaf, unlike ``x.copy_(y)`` from a ``y`` that requires grad, which
+#     autograd records and aotkit replays): eager then records the function's ops on ``x`` and the caller's ``x`` requires
 #     grad afterwards and receives ``.grad``. The compiled function was keyed and traced
 #     with ``x`` not requiring grad, so its outputs came back without ``requires_grad`` and
 #     the gradient was silently lost (torch too).
 # Neither can be replayed by a graph, so every trace of the function checks each tensor
 # input after the function returns: its storage must be the one it had on entry unless
-# functionalization recorded a ``set_`` (which it replays), and its ``requires_grad``
-# must be unchanged. Otherwise the trace raises ``InputRebindError`` naming the input and
+# functionalization recorded a ``set_`` (which it replays), and it must not have become a
+# leaf that requires grad. Otherwise the trace raises ``InputRebindError`` naming the input and
 # the fix. Cost: a few attribute reads per input per trace; nothing at run time.
 """
 
@@ -88,7 +89,9 @@ def checking_input_rebinds(flat_fn: Callable[..., Any]) -> Callable[..., Any]:
         ]
         out = flat_fn(*args)
         for i, a, storage, shape, requires_grad in before:
-            if a.requires_grad != requires_grad:
+            # an in-place op from a tensor that requires grad (``x.copy_(y)``) also sets the
+            # flag, recorded: the input then has a grad_fn. Only a leaf flag is unrecorded.
+            if a.requires_grad and not requires_grad and a.grad_fn is None:
                 raise InputRebindError(
                     REQUIRES_GRAD_MESSAGE.format(i=i, before=requires_grad, after=a.requires_grad)
                 )
