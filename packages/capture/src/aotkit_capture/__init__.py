@@ -45,9 +45,9 @@ from ._generators import GENERATOR_CREATED_MESSAGE as GENERATOR_CREATED_MESSAGE
 from ._generators import GeneratorCreatedInTraceError as GeneratorCreatedInTraceError
 from ._hops import UnsupportedHigherOrderOperatorError as UnsupportedHigherOrderOperatorError
 from ._input_kinds import VALUE_KINDS as VALUE_KINDS
-from ._input_rebinds import InputRebindError as InputRebindError
 from ._input_kinds import UnsupportedInputError as UnsupportedInputError
 from ._input_kinds import check_input_kinds as check_input_kinds
+from ._input_rebinds import InputRebindError as InputRebindError
 from ._node_meta import call_preserving_node_meta as call_preserving_node_meta
 from ._paths import record_compilations as record_compilations
 from ._saved_tensor_hooks import SavedTensorHookContext as SavedTensorHookContext

@@ -11,15 +11,15 @@
 #     returned 3 elements where eager returns 5). torch's AOTAutograd does the same.
 #   * ``x.requires_grad_()`` / ``x.requires_grad = True`` on an input that does not require
 #     grad (it stays a leaf, unlike ``x.copy_(y)`` from a ``y`` that requires grad, which
-#     autograd records and aotkit replays): eager then records the function's ops on ``x`` and the caller's ``x`` requires
-#     grad afterwards and receives ``.grad``. The compiled function was keyed and traced
-#     with ``x`` not requiring grad, so its outputs came back without ``requires_grad`` and
-#     the gradient was silently lost (torch too).
+#     autograd records and aotkit replays): eager then records the function's ops on
+#     ``x``, and the caller's ``x`` requires grad afterwards and receives ``.grad``. The
+#     compiled function was keyed and traced with ``x`` not requiring grad, so its outputs
+#     came back without ``requires_grad`` and the gradient was silently lost (torch too).
 # Neither can be replayed by a graph, so every trace of the function checks each tensor
 # input after the function returns: its storage must be the one it had on entry unless
 # functionalization recorded a ``set_`` (which it replays), and it must not have become a
-# leaf that requires grad. Otherwise the trace raises ``InputRebindError`` naming the input and
-# the fix. Cost: a few attribute reads per input per trace; nothing at run time.
+# leaf that requires grad. Otherwise the trace raises ``InputRebindError`` naming the
+# input and the fix. Cost: a few attribute reads per input per trace; nothing at run time.
 """
 
 from __future__ import annotations

@@ -80,7 +80,6 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 
 from ._grad_flags import FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
-from ._trace_scope import backward_spanning_scope
 from ._rng_replay import draws_randomness, keyed_rng, replay_rng_inplace, unkeyed_if_nothing_drew
 from ._saved_detaches import (
     SavedOutputRecorder,
@@ -98,6 +97,7 @@ from ._trace import (
     needs_python_mode,
     primal_grads,
 )
+from ._trace_scope import backward_spanning_scope
 
 
 class NotSinglePass(Exception):

@@ -53,7 +53,6 @@ from ._effects import (
     token_inputs,
 )
 from ._grad_mode_kernels import joint_kernel_choices
-from ._trace_scope import backward_spanning_scope
 from ._node_meta import backward_node_meta
 from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
@@ -65,6 +64,7 @@ from ._saved_detaches import (
     tag_forward_and_backward,
 )
 from ._subclass import SubclassLayer
+from ._trace_scope import backward_spanning_scope
 from ._unfunctionalized import trace_inference_unfunctionalized, trace_joint_unfunctionalized
 
 FlatFn = Callable[..., Sequence[Any]]
