@@ -162,3 +162,16 @@ def test_the_remedy_gives_eager_gradients() -> None:
     aot_function(fn, nop)(x, y).sum().backward()
     assert y.grad is not None
     torch.testing.assert_close(y.grad, x)
+
+
+def test_requires_grad_false_on_an_input_names_the_cause() -> None:
+    """Eager allows it on a leaf input; the trace's inputs are not leaves."""
+
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        y.requires_grad_(False)
+        return x * y
+
+    x, y = torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+    with pytest.raises(InputRebindError, match="set `requires_grad` before"):
+        aot_function(fn, nop)(x, y)
+    assert y.requires_grad

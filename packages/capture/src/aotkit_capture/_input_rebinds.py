@@ -19,7 +19,9 @@
 # input after the function returns: its storage must be the one it had on entry unless
 # functionalization recorded a ``set_`` (which it replays), and it must not have become a
 # leaf that requires grad. Otherwise the trace raises ``InputRebindError`` naming the
-# input and the fix. Cost: a few attribute reads per input per trace; nothing at run time.
+# input and the fix. ``x.requires_grad_(False)`` on an input that requires grad fails in
+# the trace already (the traced inputs are not leaves); that error is re-raised as an
+# ``InputRebindError`` that says so. Cost: a few attribute reads per input per trace; nothing at run time.
 """
 
 from __future__ import annotations
@@ -52,6 +54,15 @@ REQUIRES_GRAD_MESSAGE = (
     "be lost: the caller's tensor would keep its flag and the gradient eager sends to it "
     "would never arrive. Remedy: set `requires_grad` on the tensor before calling the "
     "compiled function (it is then traced as requiring grad and receives its gradient)."
+)
+
+_NOT_A_LEAF = "you can only change requires_grad flags of leaf variables"
+NOT_A_LEAF_MESSAGE = (
+    "aotkit: if that tensor is an input of the compiled function (a leaf in eager), the "
+    "function changed its `requires_grad` (`x.requires_grad_(False)`, "
+    "`x.requires_grad = False`). The compiled function is traced for the inputs' "
+    "`requires_grad` at the call and cannot change it. Remedy: set `requires_grad` before "
+    "calling the compiled function, or use `x.detach()` inside it."
 )
 
 
@@ -87,7 +98,15 @@ def checking_input_rebinds(flat_fn: Callable[..., Any]) -> Callable[..., Any]:
             for i, a in enumerate(args)
             if isinstance(a, torch.Tensor)
         ]
-        out = flat_fn(*args)
+        try:
+            out = flat_fn(*args)
+        except RuntimeError as e:
+            # the trace's inputs that require grad are not leaves (eager's are)
+            if str(e).startswith(_NOT_A_LEAF) and any(
+                isinstance(a, torch.Tensor) and a.requires_grad for a in args
+            ):
+                raise InputRebindError(f"{e}\n{NOT_A_LEAF_MESSAGE}") from e
+            raise
         for i, a, storage, shape, requires_grad in before:
             # an in-place op from a tensor that requires grad (``x.copy_(y)``) also sets the
             # flag, recorded: the input then has a grad_fn. Only a leaf flag is unrecorded.
