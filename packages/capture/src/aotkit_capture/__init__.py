@@ -47,6 +47,7 @@ from ._hops import UnsupportedHigherOrderOperatorError as UnsupportedHigherOrder
 from ._input_kinds import VALUE_KINDS as VALUE_KINDS
 from ._input_kinds import UnsupportedInputError as UnsupportedInputError
 from ._input_kinds import check_input_kinds as check_input_kinds
+from ._input_kinds import is_opaque_constant as is_opaque_constant
 from ._input_rebinds import InputRebindError as InputRebindError
 from ._node_meta import call_preserving_node_meta as call_preserving_node_meta
 from ._paths import record_compilations as record_compilations
@@ -104,6 +105,7 @@ __all__ = [
     "get_aot_graph_name",
     "get_graph_being_compiled",
     "is_captured_tensor_error",
+    "is_opaque_constant",
     "record_compilations",
     "retrace_flat",
     "set_model_name",
