@@ -47,6 +47,8 @@ from ._hops import UnsupportedHigherOrderOperatorError as UnsupportedHigherOrder
 from ._input_kinds import VALUE_KINDS as VALUE_KINDS
 from ._input_kinds import UnsupportedInputError as UnsupportedInputError
 from ._input_kinds import check_input_kinds as check_input_kinds
+from ._input_kinds import is_opaque_constant as is_opaque_constant
+from ._input_rebinds import InputRebindError as InputRebindError
 from ._node_meta import call_preserving_node_meta as call_preserving_node_meta
 from ._paths import record_compilations as record_compilations
 from ._saved_tensor_hooks import SavedTensorHookContext as SavedTensorHookContext
@@ -59,6 +61,8 @@ from ._single_pass import trace_single_pass as trace_single_pass
 from ._trace import FlatFn as FlatFn
 from ._trace import trace_inference as trace_inference
 from ._trace import trace_joint as trace_joint
+from ._trace_scope import backward_spanning_scope as backward_spanning_scope
+from ._trace_scope import entered_until_backward_traced as entered_until_backward_traced
 
 __all__ = [
     "CacheSidecar",
@@ -80,6 +84,7 @@ __all__ = [
     "FlatFn",
     "GENERATOR_CREATED_MESSAGE",
     "GeneratorCreatedInTraceError",
+    "InputRebindError",
     "NotSinglePass",
     "Runner",
     "ShapeGuard",
@@ -87,17 +92,20 @@ __all__ = [
     "UnsupportedHigherOrderOperatorError",
     "UnsupportedInputError",
     "VALUE_KINDS",
+    "backward_spanning_scope",
     "call_preserving_node_meta",
     "captured_tensor_error",
     "check_input_kinds",
     "compile_flat",
     "construct_fake_mode",
+    "entered_until_backward_traced",
     "explain_tracing_errors",
     "fakify_inputs",
     "get_aot_compilation_context",
     "get_aot_graph_name",
     "get_graph_being_compiled",
     "is_captured_tensor_error",
+    "is_opaque_constant",
     "record_compilations",
     "retrace_flat",
     "set_model_name",

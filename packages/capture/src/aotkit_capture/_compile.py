@@ -58,7 +58,7 @@ from ._saved_tensor_hooks import (
     inline_after_partition,
     with_hooks_runtime,
 )
-from ._shape_guards import ShapeGuard
+from ._shape_guards import ShapeGuard, guardable_positions
 from ._single_pass import trace_single_pass
 from ._static_inputs import partition_kwargs, static_lifetime_indices
 from ._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
@@ -392,7 +392,7 @@ def finish(
         # A ShapeEnv made for this compilation: guard the entry (See Note [Shape guards]).
         # A fake mode that came with the inputs (dynamo's) belongs to a caller that guards.
         static = _static_positions(layout, cfg.num_params_buffers)
-        dynamic = [c for c in range(len(fake)) if c not in static]
+        dynamic = guardable_positions(fake, static)
         artifacts.guard = ShapeGuard.build(shape_env, fake, dynamic, layout)
     trivial = layout.is_trivial
     if trivial and not needs_epilogue(meta):

@@ -33,6 +33,7 @@ from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, res
 from ._fakify import construct_fake_mode
 from ._gc import deferred_full_collections
 from ._generators import check_no_created_generators, recording_generators
+from ._input_rebinds import checking_input_rebinds
 from ._logs import log_restored_partition
 from ._paths import notify_compiled
 from ._trace import FlatFn
@@ -77,7 +78,9 @@ def _compile_flat(
     # See Note [BatchNorm's cumulative moving average]; See Note [Generators created
     # while tracing]: checked before the store below
     with recording_generators() as created:
-        runner, artifacts = compile_traced(cumulative_batch_norm(flat_fn), flat_args, cfg)
+        # See Note [Input changes no graph records]
+        traced = cumulative_batch_norm(checking_input_rebinds(flat_fn))
+        runner, artifacts = compile_traced(traced, flat_args, cfg)
     check_no_created_generators(created, (
         artifacts.fw_module, artifacts.bw_module, artifacts.inference_module,
         artifacts.joint_module,

@@ -30,6 +30,7 @@ from ._errors import explain_tracing_errors
 from ._export_pre_dispatch import trace_pre_dispatch
 from ._fakify import construct_fake_mode
 from ._generators import check_no_created_generators, recording_generators
+from ._input_rebinds import checking_input_rebinds
 from ._saved_tensor_hooks import hooks_hidden_while_tracing
 from ._subclass import needs_subclass_layer
 from ._trace import FlatFn, trace_inference, trace_joint
@@ -105,7 +106,9 @@ def trace_for_export(
         raise AOTExportError(FUNCTIONALIZED_RNG_MESSAGE)
     flat_args, repeated = _distinct_tensors(flat_args)
     with recording_generators() as created:  # See Note [Generators created while tracing]
-        traced = _trace_for_export(flat_fn, flat_args, cfg, validate, pre_dispatch, repeated)
+        traced = _trace_for_export(
+            checking_input_rebinds(flat_fn), flat_args, cfg, validate, pre_dispatch, repeated
+        )  # See Note [Input changes no graph records]
     check_no_created_generators(created, (traced.graph,))
     return traced
 

@@ -17,6 +17,12 @@
 # type, and the fix. It accepts a superset of torch's KNOWN_TYPES: torch.dtype, device,
 # layout, memory_format and complex are immutable values, keyed by value, so they are
 # safe constants.
+# torch registers every ``enum.Enum`` as an opaque *constant* type, and a user may register
+# other classes so (with ``__eq__``, ``__hash__`` and ``__fx_repr__``): the trace bakes such
+# a value into the graph like an int, and dynamo guards on its equality. The key holds it
+# by value too (``is_opaque_constant``). Keyed by type only, like the opaque objects the
+# graph takes as inputs, ``fn(x, Mode.B)`` silently reused the graph traced for
+# ``Mode.A``.
 """
 
 from __future__ import annotations
@@ -69,6 +75,20 @@ def _is_opaque(value: Any) -> bool:
     except ImportError:  # pragma: no cover - older torch
         return False
     return bool(is_custom_class_obj(value))
+
+
+def is_opaque_constant(value: Any) -> bool:
+    """Whether ``value`` is of a registered opaque *constant* type (every ``enum.Enum``
+    is one in torch; others must define ``__eq__`` and ``__hash__``). The trace bakes it
+    into the graph, so the compile key must hold it by value: See Note [Non-tensor
+    inputs]."""
+    if not _is_opaque(value):
+        return False
+    try:
+        from torch._library.opaque_object import is_opaque_constant_type
+    except ImportError:  # pragma: no cover - older torch
+        return False
+    return bool(is_opaque_constant_type(type(value)))
 
 
 def is_supported_input(value: Any) -> bool:

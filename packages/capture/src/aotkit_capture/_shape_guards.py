@@ -29,14 +29,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from aotkit_analysis import InputLayout
 
 if TYPE_CHECKING:
     from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+
+def guardable_positions(fake: Sequence[Any], static: Collection[int]) -> list[int]:
+    """Positions of ``fake`` to guard: not ``static``, and of a kind ``produce_guards``
+    takes (a tensor, int or float, symbolic or not). Other non-tensor inputs (str, None,
+    an Enum member) are constants held by the compile key (Note [Compile cache keys])."""
+    kinds = (torch.Tensor, torch.SymInt, torch.SymFloat, int, float)
+    return [c for c, a in enumerate(fake) if c not in static and isinstance(a, kinds)]
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,7 @@ from ._trace import (
     needs_python_mode,
     primal_grads,
 )
+from ._trace_scope import backward_spanning_scope
 
 
 class NotSinglePass(Exception):
@@ -334,7 +335,8 @@ def trace_single_pass(
     stale_tangents: dict[int, str] = {}
 
     def joint(primals: list[Any]) -> list[Any]:
-        with natively_functionalized():
+        # See Note [Contexts that span the backward trace]
+        with backward_spanning_scope(), natively_functionalized():
             f_primals = [to_native_functional(p) for p in primals]
             # See Note [Fake-cache keys of the single pass's forward]
             flags = None if decompositions else GradFlags()

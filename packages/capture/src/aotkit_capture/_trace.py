@@ -64,6 +64,7 @@ from ._saved_detaches import (
     tag_forward_and_backward,
 )
 from ._subclass import SubclassLayer
+from ._trace_scope import backward_spanning_scope
 from ._unfunctionalized import trace_inference_unfunctionalized, trace_joint_unfunctionalized
 
 FlatFn = Callable[..., Sequence[Any]]
@@ -383,7 +384,8 @@ def _trace_joint(
             if native
             else functionalized(keep_input_mutations=False, allow_token_discovery=True)
         )
-        with ctx as mode:
+        # See Note [Contexts that span the backward trace]
+        with backward_spanning_scope(), ctx as mode:
             install_tokens(mode, meta, [wrap(t) for t in tokens])
             f_primals = [wrap(p) for p in primals]
             f_tangents = [wrap(t) for t in tangents]

@@ -36,6 +36,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY, BACKWARD_TAG
 from ._errors import AOTCompileError
 from ._saved_detaches import forward_end, nodes_made_so_far, tag_forward_and_backward
+from ._trace_scope import backward_spanning_scope
 
 
 def _check_supported(meta: ViewAndMutationMeta, subclasses: Any) -> None:
@@ -69,7 +70,8 @@ def trace_joint_unfunctionalized(
     stale: dict[int, str] = {}
 
     def joint(primals: list[Any], tangents: list[Any]) -> list[Any]:
-        with torch.enable_grad():
+        # See Note [Contexts that span the backward trace]
+        with backward_spanning_scope(), torch.enable_grad():
             returns, _ = _forward_returns(flat_fn, list(primals), meta, for_autograd=True)
             forward_marks.append(nodes_made_so_far())
             outs_and_tangents = [

@@ -21,6 +21,7 @@ from aotkit_capture import (
     captured_tensor_error,
     check_input_kinds,
     compile_flat,
+    entered_until_backward_traced,
     is_captured_tensor_error,
     program_fingerprint,
 )
@@ -336,7 +337,8 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
         tensors = {names[i]: flat[i] for i in state.distinct}
         # See Note [Parameters and buffers reassigned in forward]
         # See Note [Tensors assigned to module attributes by aot_module]
-        with (
+        # See Note [Contexts that span the backward trace]
+        with entered_until_backward_traced(
             detect_attribute_assignment(
                 mod, AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, only_tracing=True
             ),

@@ -15,7 +15,13 @@ import torch
 import torch.fx
 import torch.nn as nn
 import torch.utils._pytree as pytree
-from aotkit_capture import AOTExportError, TracedGraphs, retrace_flat, trace_for_export
+from aotkit_capture import (
+    AOTExportError,
+    TracedGraphs,
+    entered_until_backward_traced,
+    retrace_flat,
+    trace_for_export,
+)
 from aotkit_partitioners import default_partition
 from aotkit_schemas import GraphSignature, OutputType, ViewAndMutationMeta, graph_outputs
 from torch._guards import detect_fake_mode
@@ -248,7 +254,10 @@ def aot_export_module(
     def functional_call(*full_args: Any, **kw: Any) -> Any:
         # See Note [A submodule reachable under two names] and Note [Parameters and
         # buffers reassigned in forward]
-        with reparametrized(mod, {fqns[i]: full_args[i] for i in distinct}, who="aotkit export"):
+        # See Note [Contexts that span the backward trace]
+        with entered_until_backward_traced(
+            reparametrized(mod, {fqns[i]: full_args[i] for i in distinct}, who="aotkit export")
+        ):
             return mod(*full_args[n_pb:], **kw)
 
     fn = functional_call

@@ -14,8 +14,9 @@
 #     Note [Shape guards]);
 #   * the values of non-tensor inputs that the trace baked in as constants: every kind in
 #     VALUE_KINDS (int, float by bit pattern, bool, str, complex, None, dtype, device,
-#     layout, memory_format) by type and value; other kinds are refused at compile time
-#     unless the graph takes them as inputs (See Note [Non-tensor inputs] in aotkit_capture).
+#     layout, memory_format) and opaque constants (every Enum) by type and value; other
+#     kinds are refused at compile time unless the graph takes them as inputs (See Note
+#     [Non-tensor inputs] in aotkit_capture).
 # The ShapeEnv guards of a dynamic entry: See Note [Shape guards] in aotkit_capture.
 """
 
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from aotkit_capture import VALUE_KINDS, ambient_key
+from aotkit_capture import VALUE_KINDS, ambient_key, is_opaque_constant
 
 
 def _alias_key(flat_args: Sequence[Any], *, with_shapes: bool) -> tuple[Any, ...]:
@@ -75,7 +76,8 @@ def input_key(
         elif type(a) is float:
             # hex tells -0.0 from 0.0 and keys a nan by value: See Note [Non-tensor inputs]
             parts.append((float, a.hex()))
-        elif isinstance(a, VALUE_KINDS):
+        elif isinstance(a, VALUE_KINDS) or is_opaque_constant(a):
+            # an Enum member is an opaque constant: See Note [Non-tensor inputs]
             parts.append((type(a), a))
         else:
             # graph inputs (SymInt, ScriptObject, opaque objects): See Note [Non-tensor inputs]

@@ -10,7 +10,8 @@
 # current value of every plain attribute that a trace READ. The candidates ("slots") are
 # the attributes of every submodule registered when aot_module was called that hold a
 # plain value then: bool, int, float, complex, str, None, torch.dtype/device/layout/
-# memory_format, numpy scalars, and tuples of those (recursively); nn.Module's bookkeeping
+# memory_format, numpy scalars, Enum members (immutable singletons; torch treats them as
+# opaque constants), and tuples of those (recursively); nn.Module's bookkeeping
 # (hooks, tables, ``training``) and torch's derived caches (``_flat_weights``) are not.
 #
 # Reads are recorded while aot_module's function is traced (See Note [Recording module
@@ -59,6 +60,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import operator
 import sys
@@ -82,7 +84,8 @@ NOT_PLAIN_READ_MESSAGE = (
     "aot_module: the traced forward read self.{name}, which holds a {type} (a plain "
     "value when aot_module was called). The graph bakes in what the trace read from it, "
     "and aot_module checks on each call only plain values (bool, int, float, complex, "
-    "str, None, torch.dtype/device/layout/memory_format, numpy scalars, and tuples of "
+    "str, None, torch.dtype/device/layout/memory_format, numpy scalars, Enum members, "
+    "and tuples of "
     "those), so a later change to the object would run a stale graph. Store a plain value "
     "in self.{name}, register a tensor with register_buffer, or pass the value to forward "
     "as an argument."
@@ -93,7 +96,7 @@ def is_plain(value: Any) -> bool:
     """A value a trace bakes in that compares by value: See Note [Plain module attributes
     in aot_module's key]."""
     t = type(value)
-    if t in _SCALAR_TYPES:
+    if t in _SCALAR_TYPES or isinstance(value, enum.Enum):
         return True
     return t is tuple and all(is_plain(v) for v in value)
 
@@ -109,7 +112,7 @@ def _numpy_scalar(v: Any) -> Any:
 def _key_value(v: Any) -> Any:
     """The part of the key for one slot's value (with its type next to it)."""
     t = type(v)
-    if t in _SCALAR_TYPES or v is _MISSING:
+    if t in _SCALAR_TYPES or v is _MISSING or isinstance(v, enum.Enum):
         return v
     if t is tuple and is_plain(v):
         return tuple((type(x), _key_value(x)) for x in v)

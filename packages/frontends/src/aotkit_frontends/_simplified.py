@@ -28,7 +28,7 @@ import torch
 import torch._functorch.config as functorch_config
 import torch.fx
 import torch.nn as nn
-from aotkit_capture import call_preserving_node_meta, compile_flat
+from aotkit_capture import call_preserving_node_meta, compile_flat, entered_until_backward_traced
 from aotkit_partitioners import default_partition
 from aotkit_schemas import disk_cache_enabled
 from torch._guards import Source, TracingContext
@@ -203,7 +203,10 @@ def aot_module_simplified(
     num_params = len(params_flat)
 
     def functional_call(*flat: Any) -> list[Any]:
-        with stateless._reparametrize_module(mod, dict(zip(names, flat[:num_params], strict=True))):
+        # See Note [Contexts that span the backward trace]
+        with entered_until_backward_traced(
+            stateless._reparametrize_module(mod, dict(zip(names, flat[:num_params], strict=True)))
+        ):
             # See Note [Preserved node meta]
             out = call_preserving_node_meta(mod, *flat[num_params:])
         if not isinstance(out, (tuple, list)):

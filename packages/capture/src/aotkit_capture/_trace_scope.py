@@ -1,0 +1,71 @@
+"""Contexts a traced function enters that must stay entered until its backward is traced.
+
+# Note [Contexts that span the backward trace]
+# A module's forward is traced with its parameters and buffers swapped for the traced
+# inputs (``aot_module``, ``aot_module_simplified`` on an ``nn.Module``, the export APIs).
+# The swap used to end when the forward returned. But the joint trace runs the *backward*
+# after that, and a backward can run the user's forward code again: a non-reentrant
+# ``torch.utils.checkpoint`` region recomputes its forward inside the backward (its
+# saved-tensor unpack hook calls the region's function). That recomputation then read the
+# module's real parameters: a tracing error under fake tensors (reported, wrongly, as a
+# tensor captured by a closure), and, had it traced, a graph with the parameters' values
+# baked in and no gradient for them.
+#
+# Every joint trace therefore opens a *scope* around its forward and backward
+# (``backward_spanning_scope``), and the entry points enter their swap through
+# ``entered_until_backward_traced``: inside a scope the contexts are entered into the
+# scope and exit when the joint trace ends (after the backward); outside one (a metadata
+# pass, an inference trace) they exit when the function returns, as before. The contexts
+# exit in reverse order, with the trace's exception if it raised, so a check made at a
+# context's normal exit (a rebound parameter slot) still runs, after the backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+_local = threading.local()
+
+
+def _scopes() -> list[contextlib.ExitStack]:
+    stack: list[contextlib.ExitStack] | None = getattr(_local, "scopes", None)
+    if stack is None:
+        stack = _local.scopes = []
+    return stack
+
+
+@contextlib.contextmanager
+def backward_spanning_scope() -> Iterator[None]:
+    """Open around a joint trace's forward and backward. See Note [Contexts that span the
+    backward trace]."""
+    scopes = _scopes()
+    with contextlib.ExitStack() as scope:
+        scopes.append(scope)
+        try:
+            yield
+        finally:
+            scopes.pop()
+
+
+@contextlib.contextmanager
+def entered_until_backward_traced(*contexts: AbstractContextManager[Any]) -> Iterator[None]:
+    """Enter ``contexts`` for the body, or, inside a joint trace, until its backward is
+    traced too. See Note [Contexts that span the backward trace]."""
+    scopes = _scopes()
+    if not scopes:
+        with contextlib.ExitStack() as stack:
+            for cm in contexts:
+                stack.enter_context(cm)
+            yield
+        return
+    scope = scopes[-1]
+    # nested scopes (a compile inside a traced function) close with their own trace
+    scopes_before = len(scopes)
+    for cm in contexts:
+        scope.enter_context(cm)
+    assert len(scopes) == scopes_before
+    yield
