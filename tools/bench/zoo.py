@@ -40,6 +40,7 @@ Usage:
   uv run --group bench python tools/bench/zoo.py --quick --models gpt2,resnet18
   uv run --group bench python tools/bench/zoo.py --profile --backends eager --models bert
   uv run --group bench python tools/bench/zoo.py --json zoo.json
+  uv run --group bench python tools/bench/zoo.py --set wide --quick --backends eager   # zoo_wide.py
   uv run --group bench python tools/bench/zoo.py --clock cpu ...    # on a shared machine
 Benchmarks are not tests: the exit status is 0 whether targets pass or miss.
 """
@@ -86,6 +87,7 @@ import torch.nn.functional as F  # noqa: E402
 from aotkit_schemas import mark_graph_reader, reads_graph_only  # noqa: E402
 from compare import MODELS as MICRO_MODELS  # noqa: E402
 from compare import Samples, calibrate, interleave, looped  # noqa: E402
+from zoo_wide import WIDE  # noqa: E402
 
 try:  # See Note [Why a graph took the path it took] in aotkit_capture
     from aotkit_capture import record_compilations as _record_compilations
@@ -238,6 +240,17 @@ MODELS: dict[str, Callable[[], Built]] = {
     "vit_tiny": functools.partial(_timm, "vit_tiny_patch16_224", 32, img_size=32),
     **{f"micro_{name}": functools.partial(_micro, name) for name in MICRO_MODELS},
 }
+DEFAULT_SET = list(MODELS)
+
+
+def _wide(make: Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]) -> Built:
+    module, inputs = make()
+    return _built(module, *inputs)
+
+
+# the wide set (zoo_wide.py): more architectures, selected with --set wide
+MODELS.update({name: functools.partial(_wide, make) for name, make in WIDE.items()})
+SETS: dict[str, list[str]] = {"default": DEFAULT_SET, "wide": list(WIDE), "all": list(MODELS)}
 
 
 def build(name: str) -> Built:
@@ -813,7 +826,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--models", default=",".join(MODELS), help=f"comma-separated subset of {','.join(MODELS)}")
+    ap.add_argument("--models", default="", help=f"comma-separated subset of {','.join(MODELS)}")
+    ap.add_argument(
+        "--set", choices=sorted(SETS), default="default",
+        help="the models when --models is not given: default (the 13), wide (zoo_wide.py) or all",
+    )
     ap.add_argument("--backends", default="eager,inductor", help="pairs to run: eager, inductor or both")
     ap.add_argument("--quick", action="store_true", help="fewer repetitions, for a smoke run")
     ap.add_argument("--json", metavar="FILE", help="write every measurement to FILE")
@@ -827,7 +844,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     global clock
     clock = compare.clock = CLOCKS[args.clock]
-    names = [m for m in args.models.split(",") if m]
+    names = [m for m in args.models.split(",") if m] or SETS[args.set]
     unknown = [m for m in names if m not in MODELS]
     if unknown:
         ap.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
