@@ -143,6 +143,11 @@ def unkeyed_if_nothing_drew() -> Iterator[bool]:
         yield True
 
 
+def is_rng_keying_mode(mode: Any) -> bool:
+    """Whether ``mode`` is ``keyed_rng``'s dispatch mode (it only keys random ops)."""
+    return isinstance(mode, _RngKeys)
+
+
 def draws_randomness(graph: torch.fx.Graph) -> bool:
     """Whether ``graph`` holds a random op (See Note [An unkeyed backward])."""
     return any(n.op == "call_function" and _draws(n.target) for n in graph.nodes)

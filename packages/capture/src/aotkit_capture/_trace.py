@@ -53,6 +53,7 @@ from ._effects import (
     token_inputs,
 )
 from ._grad_mode_kernels import joint_kernel_choices
+from ._kept_copies import record_kept_copy
 from ._node_meta import backward_node_meta
 from ._rng_replay import keyed_rng, replay_rng_inplace
 from ._saved_detaches import (
@@ -296,12 +297,16 @@ def apply_kept_mutation(original: torch.Tensor, new: torch.Tensor, info: InputAl
         with torch.no_grad():
             original.set_(new)  # type: ignore[call-overload]
     elif info.mutations_hidden_from_autograd:
-        with torch.no_grad(), _unsafe_preserve_version_counter(original):
-            original.copy_(new)
+        with torch.no_grad():
+            # See Note [Kept mutations recorded directly]
+            if not record_kept_copy(original, new, bump_version=False):
+                with _unsafe_preserve_version_counter(original):
+                    original.copy_(new)
     elif info.mutations_under_no_grad_or_inference_mode:
         with torch.no_grad():
-            original.copy_(new)
-    else:
+            if not record_kept_copy(original, new, bump_version=True):
+                original.copy_(new)
+    elif not record_kept_copy(original, new, bump_version=True):
         original.copy_(new)
 
 
