@@ -7,9 +7,24 @@ its role, node count, per-op counts and CPU time, and Inductor's own phase timer
 alternate; each compiles once untimed first (Inductor's in-process kernel cache warms up,
 as in ``zoo.py``).
 
+With ``--phases`` the first step is split instead (CPU seconds, medians, one process,
+alternating), through ``zoo.py``'s AOT-layer clock:
+
+* ``dynamo``: dynamo's frame compiles (its start/end callbacks, trigger ``dynamo``) minus the
+  backend calls inside them;
+* ``aot``: the AOT layer (the backend call and the lazy backward compile, minus the graph
+  compilers, as ``zoo.py`` measures it);
+* ``ind fw`` / ``ind bw``: the graph compilers handed to the AOT layer, per keyword: the
+  forward (and inference) compiler, plus torch's pre-grad passes; the backward compiler;
+* ``rest``: the remainder: running the forward and backward, the optimizer step, and glue.
+
+``no-aot`` is the first-step ratio aotkit/torch if both AOT layers cost nothing (the first
+step minus ``aot``, per side): how much of the gap the AOT layer can explain at all.
+
 Usage:
   uv run --group bench python tools/bench/inductor_split.py --models gpt2,resnet18 --reps 2
   uv run --group bench python tools/bench/inductor_split.py --models gpt2 --ops   # op diff
+  uv run --group bench python tools/bench/inductor_split.py --phases --reps 3 --models bert
 """
 
 from __future__ import annotations
@@ -108,6 +123,129 @@ def one_step(name: str, backend: str) -> tuple[float, list[GraphRecord], dict[st
     return elapsed, list(RECORDS), phases
 
 
+PHASES = ("dynamo", "aot", "ind fw", "ind bw", "rest")
+
+
+class _DynamoClock:
+    """CPU seconds inside dynamo's frame compiles (start/end callbacks, trigger dynamo)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.backend = 0.0  # zoo's AOT-layer ``outer`` inside the frames
+        self._t0 = 0.0
+        self._outer0 = 0.0
+        from torch._dynamo.callback import CallbackTrigger
+
+        self._trigger = CallbackTrigger.DYNAMO
+
+    def register(self) -> None:
+        """After ``torch._dynamo.reset()``, which clears the callbacks."""
+        from torch._dynamo.callback import callback_handler
+
+        if self._start not in callback_handler.start_callbacks:
+            callback_handler.register_start_callback(self._start)
+        if self._end not in callback_handler.end_callbacks:
+            callback_handler.register_end_callback(self._end)
+
+    def _start(self, args: Any) -> None:
+        if args.callback_trigger == self._trigger:
+            self._t0 = time.process_time()
+            self._outer0 = zoo.CLOCK.outer
+
+    def _end(self, args: Any) -> None:
+        if args.callback_trigger == self._trigger:
+            self.seconds += time.process_time() - self._t0
+            self.backend += zoo.CLOCK.outer - self._outer0
+
+    def reset(self) -> None:
+        self.seconds = self.backend = 0.0
+
+
+def phase_step(name: str, backend: Any, dyn: _DynamoClock) -> tuple[float, dict[str, float]]:
+    """One fresh first step: (seconds, phase -> seconds)."""
+    torch._dynamo.reset()
+    dyn.register()
+    t = zoo.make_trainer(name, backend)
+    gc.collect()
+    zoo.CLOCK.reset()
+    dyn.reset()
+    t0 = time.process_time()
+    t.step()
+    total = time.process_time() - t0
+    kinds = zoo.CLOCK.by_kind
+    fw = sum(v for k, v in kinds.items() if k != "bw_compiler")
+    bw = kinds.get("bw_compiler", 0.0)
+    phases = {
+        "dynamo": dyn.seconds - dyn.backend,
+        "aot": zoo.CLOCK.aot_seconds,
+        "ind fw": fw,
+        "ind bw": bw,
+    }
+    phases["rest"] = total - sum(phases.values())
+    return total, phases
+
+
+def phases_main(models: list[str], reps: int, json_path: str | None) -> int:
+    import json
+
+    zoo.clock = time.process_time
+    backends = zoo.make_backends()
+    pair = ("aotkit_inductor", "inductor")
+    dyn = _DynamoClock()
+    results: dict[str, Any] = {}
+    print(
+        f"first step split, CPU ms, median of {reps} (one process, alternating);"
+        " ratios aotkit/torch"
+    )
+    header = "  ".join(f"{p:>13s}" for p in ("total", *PHASES))
+    print(f"{'model':18s} {'load':>5s}  {header}  {'ratio':>6s} {'no-aot':>6s}")
+    for name in models:
+        for b in pair:  # untimed: Inductor's kernel cache, lazy imports
+            phase_step(name, backends[b], dyn)
+        totals: dict[str, list[float]] = {b: [] for b in pair}
+        split: dict[str, dict[str, list[float]]] = {b: {p: [] for p in PHASES} for b in pair}
+        load = os.getloadavg()[0]
+        for rep in range(reps):
+            for b in pair if rep % 2 == 0 else pair[::-1]:
+                total, ph = phase_step(name, backends[b], dyn)
+                totals[b].append(total)
+                for p in PHASES:
+                    split[b][p].append(ph[p])
+        med = {b: statistics.median(totals[b]) for b in pair}
+        mph = {b: {p: statistics.median(split[b][p]) for p in PHASES} for b in pair}
+        ratio = statistics.median(
+            a / t for a, t in zip(totals[pair[0]], totals[pair[1]], strict=True)
+        )
+        no_aot = statistics.median(
+            (a - aa) / (t - ta)
+            for a, aa, t, ta in zip(
+                totals[pair[0]],
+                split[pair[0]]["aot"],
+                totals[pair[1]],
+                split[pair[1]]["aot"],
+                strict=True,
+            )
+        )
+        cells = "  ".join(
+            f"{med[pair[0]] * 1e3:6.0f}/{med[pair[1]] * 1e3:<6.0f}"
+            if p == "total"
+            else f"{mph[pair[0]][p] * 1e3:6.0f}/{mph[pair[1]][p] * 1e3:<6.0f}"
+            for p in ("total", *PHASES)
+        )
+        print(f"{name:18s} {load:5.1f}  {cells}  {ratio:6.3f} {no_aot:6.3f}", flush=True)
+        results[name] = {
+            "load": load,
+            "totals": totals,
+            "phases": split,
+            "ratio": ratio,
+            "ratio_without_aot": no_aot,
+        }
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -116,8 +254,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--ops", action="store_true", help="print per-op count differences per graph")
     ap.add_argument("--meta", action="store_true", help="print node.meta keys per graph")
+    ap.add_argument("--phases", action="store_true", help="split the first step into phases")
+    ap.add_argument("--json", default=None, help="with --phases: write the samples to FILE")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
+    if args.phases:
+        return phases_main(args.models.split(","), args.reps, args.json)
     backends = ["aotkit_inductor", "inductor"]
     for name in args.models.split(","):
         for b in backends:  # untimed: warms Inductor's kernel cache

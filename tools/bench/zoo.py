@@ -272,11 +272,15 @@ class AotClock:
     def __init__(self) -> None:
         self.outer = 0.0
         self.compilers = 0.0
+        # compiler seconds per keyword (fw_compiler, bw_compiler, ...): inductor_split.py's
+        # per-phase split of the first step
+        self.by_kind: dict[str, float] = {}
         self.depth = 0
         self.profiler: cProfile.Profile | None = None
 
     def reset(self) -> None:
         self.outer = self.compilers = 0.0
+        self.by_kind = {}
 
     @property
     def aot_seconds(self) -> float:
@@ -299,7 +303,7 @@ class AotClock:
             self.depth -= 1
 
     @contextlib.contextmanager
-    def compiler(self) -> Iterator[None]:
+    def compiler(self, kind: str = "compiler") -> Iterator[None]:
         """Around a graph compiler: its time is not the AOT layer's."""
         if self.depth == 0:  # not under a timed layer (a compiler called by someone else)
             yield
@@ -312,7 +316,9 @@ class AotClock:
             yield
         finally:
             self.depth = saved
-            self.compilers += clock() - t0
+            spent = clock() - t0
+            self.compilers += spent
+            self.by_kind[kind] = self.by_kind.get(kind, 0.0) + spent
             if self.profiler is not None:
                 self.profiler.enable()
 
@@ -327,19 +333,19 @@ CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time
 clock: Callable[[], float] = time.perf_counter
 
 
-def timed_compiler(compiler: Any) -> Any:
+def timed_compiler(compiler: Any, kind: str = "compiler") -> Any:
     """``compiler`` with its time counted as compiler time (markers such as aotkit's
     graph-reader flag are carried over by ``functools.wraps``)."""
     if compiler is None:
         return None
     if hasattr(compiler, "compiler_fn"):  # torch's SerializableAOTDispatchCompiler
         wrapped = copy.copy(compiler)
-        wrapped.compiler_fn = timed_compiler(compiler.compiler_fn)
+        wrapped.compiler_fn = timed_compiler(compiler.compiler_fn, kind)
         return wrapped
 
     @functools.wraps(compiler)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        with CLOCK.compiler():
+        with CLOCK.compiler(kind):
             return compiler(*args, **kwargs)
 
     if reads_graph_only(compiler):
@@ -354,7 +360,7 @@ def _timed_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
     out = dict(kwargs)
     for k in _COMPILER_KWARGS:
         if out.get(k) is not None:
-            out[k] = timed_compiler(out[k])
+            out[k] = timed_compiler(out[k], k)
     return out
 
 

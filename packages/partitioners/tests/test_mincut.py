@@ -161,3 +161,56 @@ def test_attention_with_dropout_is_banned_as_compute_intensive() -> None:
     dropout = by_name["aten.native_dropout.default"]
     assert ban_reason(sdpa, False, functional_rng=True) == "compute intensive"
     assert ban_reason(dropout, False, functional_rng=True) is None
+
+
+def _gelu_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.gelu(F.linear(x, w1, b1)), w2)
+
+
+def _decomposed_joint(fn: Any, *args: torch.Tensor) -> tuple[torch.fx.GraphModule, Any, int]:
+    """torch's joint graph of ``fn`` with ``gelu_backward`` decomposed, as Inductor's table does."""
+    from torch._decomp import get_decompositions
+    from torch._functorch.aot_autograd import aot_function
+    from torch._functorch.partitioners import default_partition as torch_default
+
+    got: dict[str, Any] = {}
+
+    def partition(gm: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        got["joint"] = (copy.deepcopy(gm), joint_inputs, kwargs["num_fwd_outputs"])
+        return torch_default(gm, joint_inputs, **kwargs)
+
+    compiled = aot_function(
+        fn,
+        fw_compiler=lambda gm, _: gm,
+        partition_fn=partition,
+        decompositions=get_decompositions([aten.gelu_backward]),
+    )
+    compiled(*args)
+    joint: tuple[torch.fx.GraphModule, Any, int] = got["joint"]
+    return joint
+
+
+def _op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for t in _targets(gm):
+        counts[str(t)] = counts.get(str(t), 0) + 1
+    return counts
+
+
+def test_backward_only_values_are_recomputed_from_the_forward_value_as_torch() -> None:
+    # See Note [Distance to the backward]: the decomposed GELU derivative (erf, exp, muls)
+    # reads only the linear's output; saving that output or the derivative costs the same
+    # bytes, and torch saves the output and computes the derivative in the backward
+    # (Inductor then compiles a smaller forward). Both graphs match torch's op for op.
+    args = [torch.randn(8, 16), torch.randn(32, 16), torch.randn(32), torch.randn(4, 32)]
+    for a in args[1:]:
+        a.requires_grad_(True)
+    joint, joint_inputs, n = _decomposed_joint(_gelu_mlp, *args)
+    fw, bw = min_cut_rematerialization_partition(
+        copy.deepcopy(joint), joint_inputs, num_fwd_outputs=n
+    )
+    tfw, tbw = torch_min_cut(copy.deepcopy(joint), joint_inputs, num_fwd_outputs=n)
+    assert aten.exp.default not in _targets(fw)
+    assert _op_counts(fw) == _op_counts(tfw)
+    assert _op_counts(bw) == _op_counts(tbw)
+    assert partition_report(fw, bw, n).saved_bytes == partition_report(tfw, tbw, n).saved_bytes

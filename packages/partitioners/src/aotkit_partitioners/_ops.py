@@ -256,7 +256,7 @@ def materialized_in_backward(node: torch.fx.Node, fw_required: frozenset[torch.f
     while todo:
         cur = todo.pop()
         for user in cur.users:
-            if user not in fw_required and not _fusible(cur, user):
+            if user not in fw_required and not fusible(cur, user):
                 return True
             if is_view(user) and user not in seen:
                 seen.add(user)
@@ -264,7 +264,9 @@ def materialized_in_backward(node: torch.fx.Node, fw_required: frozenset[torch.f
     return False
 
 
-def _fusible(producer: torch.fx.Node, reader: torch.fx.Node) -> bool:
+def fusible(producer: torch.fx.Node, reader: torch.fx.Node) -> bool:
+    """Whether a fusing compiler can compute ``producer`` inside ``reader``'s kernel (both
+    on the recompute allowlist, or a ``cat`` reader), as torch's min-cut judges it."""
     if packet(reader) is aten.cat:
         return True
     if reader.op == "output":
