@@ -47,7 +47,7 @@ def record_kept_copy(original: torch.Tensor, new: torch.Tensor, *, bump_version:
     mode = get_proxy_mode()
     if mode is None or mode.pre_dispatch or type(mode.tracer) is not PythonKeyTracer:
         return False
-    torch_function_modes = torch.overrides._get_current_function_mode_stack()
+    torch_function_modes = torch.overrides._get_current_function_mode_stack()  # type: ignore[no-untyped-call]
     if not all(type(m) is TorchFunctionMetadataMode for m in torch_function_modes):
         return False  # a torch function mode of the caller's would see the copy_
     with torch._C.DisableTorchFunction():  # make_fx's metadata mode: no op runs here
@@ -93,6 +93,6 @@ def _plain_pair(original: torch.Tensor, new: torch.Tensor) -> bool:
     )
     if not all(type(s) is int for s in sizes) or original.shape != new.shape:
         return False
-    if torch._C._is_alias_of(original, new):
+    if torch._C._is_alias_of(original, new):  # type: ignore[attr-defined]
         return False
     return torch._debug_has_internal_overlap(original) == 0
