@@ -182,3 +182,40 @@ def test_with_kept_input_mutations_the_running_stats_are_updated_twice_as_eager(
 
     for a, b in zip(run(False), run(True), strict=True):
         torch.testing.assert_close(a, b)
+
+
+class CheckpointedSequential(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint_sequential(self.s, 2, x, use_reentrant=False).sum()
+
+
+class CheckpointedDropout(nn.Module):
+    """The recomputation must draw the forward's dropout mask again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(lambda h: F.dropout(self.l(h), 0.5), x, use_reentrant=False).sum()
+
+
+@pytest.mark.parametrize("build", [CheckpointedSequential, CheckpointedDropout])
+def test_more_checkpointed_modules_match_eager(build: Callable[[], nn.Module]) -> None:
+    def run(compiled: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = build()
+        fn = aot_module(model, nop) if compiled else model
+        x = torch.randn(2, 4, requires_grad=True)
+        torch.manual_seed(1)
+        out = fn(x)
+        out.backward()
+        assert x.grad is not None
+        return [out.detach(), x.grad, *(p.grad for p in model.parameters() if p.grad is not None)]
+
+    for a, b in zip(run(False), run(True), strict=True):
+        torch.testing.assert_close(a, b)
