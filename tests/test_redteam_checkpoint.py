@@ -219,3 +219,4 @@ def test_more_checkpointed_modules_match_eager(build: Callable[[], nn.Module]) -
 
     for a, b in zip(run(False), run(True), strict=True):
         torch.testing.assert_close(a, b)
+
