@@ -139,27 +139,84 @@ def test_aot_export_module_traces_the_recomputation_from_its_inputs(trace_joint:
         assert set(sig.backward_signature.gradients_to_parameters.values()) == set(sig.parameters)
 
 
+class CheckpointedBatchNorm(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(6, 8)
+        self.bn = nn.BatchNorm1d(8)
+
+    def block(self, x: torch.Tensor) -> torch.Tensor:
+        return F.gelu(self.bn(self.l(x)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.block, x, use_reentrant=False).sum()
+
+
 def test_a_buffer_updated_inside_the_checkpointed_region_raises_clearly() -> None:
-    """Eager updates BatchNorm's running stats twice (forward and recomputation); aotkit's
-    aot_module refuses the program with an error naming the input, it never runs it
-    differently."""
-
-    class BN(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.l = nn.Linear(6, 8)
-            self.bn = nn.BatchNorm1d(8)
-
-        def block(self, x: torch.Tensor) -> torch.Tensor:
-            return F.gelu(self.bn(self.l(x)))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return checkpoint(self.block, x, use_reentrant=False).sum()
-
+    """Eager updates BatchNorm's running stats twice (forward and recomputation). Without
+    keep_inference_input_mutations aotkit's aot_module refuses the program with an error
+    naming the input, the checkpoint and the fix; it never runs it differently."""
     torch.manual_seed(0)
-    model = BN()
+    model = CheckpointedBatchNorm()
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises((AssertionError, RuntimeError), match="written by the backward"):
+    with pytest.raises((AssertionError, RuntimeError), match="torch.utils.checkpoint region"):
         aot_module(model, nop)(torch.randn(5, 6)).backward()
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_with_kept_input_mutations_the_running_stats_are_updated_twice_as_eager() -> None:
+    """The error's fix: the forward's update stays in the graph, the recomputation's runs
+    in the backward; state and gradients equal eager's over two steps."""
+
+    def run(compiled: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = CheckpointedBatchNorm()
+        fn = aot_module(model, nop, keep_inference_input_mutations=True) if compiled else model
+        torch.manual_seed(1)
+        for _ in range(2):
+            fn(torch.randn(5, 6)).backward()
+        assert int(model.bn.num_batches_tracked) == 4
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        return [*(v.clone() for v in model.state_dict().values()), *grads]
+
+    for a, b in zip(run(False), run(True), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+class CheckpointedSequential(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.s = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 4), nn.Tanh())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.utils.checkpoint.checkpoint_sequential(self.s, 2, x, use_reentrant=False).sum()
+
+
+class CheckpointedDropout(nn.Module):
+    """The recomputation must draw the forward's dropout mask again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.l = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(lambda h: F.dropout(self.l(h), 0.5), x, use_reentrant=False).sum()
+
+
+@pytest.mark.parametrize("build", [CheckpointedSequential, CheckpointedDropout])
+def test_more_checkpointed_modules_match_eager(build: Callable[[], nn.Module]) -> None:
+    def run(compiled: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = build()
+        fn = aot_module(model, nop) if compiled else model
+        x = torch.randn(2, 4, requires_grad=True)
+        torch.manual_seed(1)
+        out = fn(x)
+        out.backward()
+        assert x.grad is not None
+        return [out.detach(), x.grad, *(p.grad for p in model.parameters() if p.grad is not None)]
+
+    for a, b in zip(run(False), run(True), strict=True):
+        torch.testing.assert_close(a, b)
+

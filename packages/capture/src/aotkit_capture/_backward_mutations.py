@@ -48,7 +48,8 @@ BACKWARD_INPUT_METADATA_MUTATION = (
 )
 BACKWARD_AND_FORWARD_DATA_MUTATION = (
     "aotkit: graph input {idx} is written by the backward (a custom autograd.Function's "
-    "backward mutates it) and also changed by the forward in a way the forward graph does "
+    "backward mutates it, or a torch.utils.checkpoint region that the backward recomputes "
+    "updates it, as BatchNorm's running stats) and also changed by the forward in a way the forward graph does "
     "not keep (its size, stride or storage, or a data write replayed after the graph). "
     "That is not supported: the two changes cannot both reach the caller's tensor in "
     "order. Fix: pass keep_inference_input_mutations=True and make the forward's write "

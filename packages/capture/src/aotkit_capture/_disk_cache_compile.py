@@ -37,6 +37,7 @@ from ._input_rebinds import checking_input_rebinds
 from ._logs import log_restored_partition
 from ._paths import notify_compiled
 from ._trace import FlatFn
+from ._trace_scope import new_compilation
 
 
 def compile_flat(
@@ -77,7 +78,8 @@ def _compile_flat(
     cache_counters["trace"] += 1
     # See Note [BatchNorm's cumulative moving average]; See Note [Generators created
     # while tracing]: checked before the store below
-    with recording_generators() as created:
+    # See Note [Contexts that span the backward trace]
+    with recording_generators() as created, new_compilation():
         # See Note [Input changes no graph records]
         traced = cumulative_batch_norm(checking_input_rebinds(flat_fn))
         runner, artifacts = compile_traced(traced, flat_args, cfg)

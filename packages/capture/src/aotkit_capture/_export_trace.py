@@ -34,6 +34,7 @@ from ._input_rebinds import checking_input_rebinds
 from ._saved_tensor_hooks import hooks_hidden_while_tracing
 from ._subclass import needs_subclass_layer
 from ._trace import FlatFn, trace_inference, trace_joint
+from ._trace_scope import new_compilation
 
 
 class AOTExportError(RuntimeError):
@@ -105,7 +106,9 @@ def trace_for_export(
     if functorch_config.functionalize_rng_ops:
         raise AOTExportError(FUNCTIONALIZED_RNG_MESSAGE)
     flat_args, repeated = _distinct_tensors(flat_args)
-    with recording_generators() as created:  # See Note [Generators created while tracing]
+    # See Note [Generators created while tracing] and Note [Contexts that span the
+    # backward trace]
+    with recording_generators() as created, new_compilation():
         traced = _trace_for_export(
             checking_input_rebinds(flat_fn), flat_args, cfg, validate, pre_dispatch, repeated
         )  # See Note [Input changes no graph records]

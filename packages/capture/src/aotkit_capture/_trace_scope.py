@@ -17,7 +17,10 @@
 # scope and exit when the joint trace ends (after the backward); outside one (a metadata
 # pass, an inference trace) they exit when the function returns, as before. The contexts
 # exit in reverse order, with the trace's exception if it raised, so a check made at a
-# context's normal exit (a rebound parameter slot) still runs, after the backward.
+# context's normal exit (a rebound parameter slot) still runs, after the backward. A
+# compilation nested in a joint trace (an aot_module called inside another compiled
+# function) starts with ``new_compilation``, which hides the outer scope: its own metadata
+# pass and traces never leave their module swapped for the rest of the outer trace.
 """
 
 from __future__ import annotations
@@ -31,8 +34,8 @@ from typing import Any
 _local = threading.local()
 
 
-def _scopes() -> list[contextlib.ExitStack]:
-    stack: list[contextlib.ExitStack] | None = getattr(_local, "scopes", None)
+def _scopes() -> list[contextlib.ExitStack | None]:
+    stack: list[contextlib.ExitStack | None] | None = getattr(_local, "scopes", None)
     if stack is None:
         stack = _local.scopes = []
     return stack
@@ -52,20 +55,30 @@ def backward_spanning_scope() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def new_compilation() -> Iterator[None]:
+    """Open around a whole compilation: a compile nested in a joint trace (an aot_module
+    called inside another compiled function) runs its own passes outside the outer
+    trace's scope. See Note [Contexts that span the backward trace]."""
+    scopes = _scopes()
+    scopes.append(None)
+    try:
+        yield
+    finally:
+        scopes.pop()
+
+
+@contextlib.contextmanager
 def entered_until_backward_traced(*contexts: AbstractContextManager[Any]) -> Iterator[None]:
     """Enter ``contexts`` for the body, or, inside a joint trace, until its backward is
     traced too. See Note [Contexts that span the backward trace]."""
     scopes = _scopes()
-    if not scopes:
+    scope = scopes[-1] if scopes else None
+    if scope is None:
         with contextlib.ExitStack() as stack:
             for cm in contexts:
                 stack.enter_context(cm)
             yield
         return
-    scope = scopes[-1]
-    # nested scopes (a compile inside a traced function) close with their own trace
-    scopes_before = len(scopes)
     for cm in contexts:
         scope.enter_context(cm)
-    assert len(scopes) == scopes_before
     yield
