@@ -124,3 +124,68 @@ def test_graph_function_never_adds_into_a_hidden_alias(fn, shapes) -> None:  # t
         assert torch.equal(a, b)  # no input written
     for e, g in zip(expected, got, strict=True):
         assert torch.equal(e, g)  # no output written
+
+
+@pytest.mark.parametrize(
+    ("fn", "shapes"),
+    [
+        (_unsafe_view_then_add, [(2, 3), (6,)]),
+        (_fresh_unsafe_view_then_add, [(2, 3), (4,)]),
+    ],
+    ids=["unsafe_view_of_input", "unsafe_view_of_output"],
+)
+def test_run_time_check_catches_an_alias_the_schemas_hide(fn, shapes, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Backstop for the static analysis: with the list of ops that alias despite their
+    # schema emptied (as if a new such op appeared), the storage check at run time still
+    # keeps the addition out of place. See Note [In-place accumulation in graph functions].
+    from aotkit_backends import _buffer_reuse
+
+    monkeypatch.setattr(_buffer_reuse, "_ALIASES_DESPITE_SCHEMA", frozenset())
+    monkeypatch.setattr(_buffer_reuse, "_SCHEMA_FACTS", {})
+    torch.manual_seed(0)
+    args = [torch.randn(s) for s in shapes]
+    gm = make_fx(fn)(*args)
+    nodes = list(gm.graph.nodes)
+    assert _buffer_reuse.in_place_adds(nodes)  # the static analysis is fooled
+    expected = gm(*[a.clone() for a in args])
+    gf = graph_function(gm)
+    assert gf is not None
+    assert "_sole_owner(" in gf._aotkit_source  # type: ignore[attr-defined]
+    before = [a.clone() for a in args]
+    with torch.no_grad():
+        got = gf(*args)
+    for a, b in zip(args, before, strict=True):
+        assert torch.equal(a, b)
+    for e, g in zip(expected, got, strict=True):
+        assert torch.equal(e, g)
+
+
+def test_a_fresh_sole_tensor_is_still_added_in_place(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # the check does not turn the optimisation off: a graph-allocated value nobody else
+    # holds is still added into in place, and a view of a fresh value is not
+    from aotkit_backends import _fast_graph
+    from aotkit_backends._buffer_reuse import sole_owner
+
+    calls: list[int] = []
+    real_add_ = _fast_graph._ADD_IN_PLACE
+
+    def spy(self: torch.Tensor, *a, **k):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real_add_(self, *a, **k)
+
+    monkeypatch.setattr(_fast_graph, "_ADD_IN_PLACE", spy)
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.add(torch.ops.aten.mul(x, 2), y)
+
+    x, y = torch.randn(4), torch.randn(4)
+    gf = graph_function(make_fx(f)(x, y))
+    assert gf is not None and "_sole_owner(" in gf._aotkit_source  # type: ignore[attr-defined]
+    with torch.no_grad():
+        out = gf(x, y)
+    assert torch.equal(out, x * 2 + y)
+    assert calls == [1]
+    assert sole_owner(torch.randn(3))
+    base = torch.randn(3)
+    view = base[:2]
+    assert not sole_owner(base) and not sole_owner(view)

@@ -38,7 +38,7 @@ import torch
 import torch.fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
-from ._buffer_reuse import in_place_adds
+from ._buffer_reuse import in_place_adds, sole_owner
 
 # Overloads whose Python binding dispatches to exactly that overload
 # (See Note [Graph functions]). Grouped by where the binding lives.
@@ -236,8 +236,8 @@ def graph_function(
                 body.append(f"{name} = {emit.call(node)}")
                 if node in in_place:
                     body[-1] = (
-                        f"{name} = {emit.call(node, _ADD_IN_PLACE)} if _no_grad "
-                        f"else {emit.call(node)}"
+                        f"{name} = {emit.call(node, _ADD_IN_PLACE)} if _no_grad and "
+                        f"_sole_owner({emit.arg(node.args[0])}) else {emit.call(node)}"
                     )
                     reuses = True
             elif node.op == "output":
@@ -253,6 +253,7 @@ def graph_function(
     filename = f"<aotkit graph function {next(_counter)}>"
     if reuses:
         emit.globals["_grad_enabled"] = torch.is_grad_enabled
+        emit.globals["_sole_owner"] = sole_owner
         body.insert(0, "_no_grad = not _grad_enabled()")
     if steal_args:
         unpack = f"{', '.join(params)}, = args; " if params else ""
