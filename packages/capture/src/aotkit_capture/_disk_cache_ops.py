@@ -7,8 +7,10 @@
 # autograd formula (``setup_context``/``backward``) is traced into the joint graph, a
 # CompositeImplicitAutograd kernel is inlined into the graph, a mutating op's schema
 # chooses ``auto_functionalized``, and an op without a fake kernel runs its real kernel on
-# fake-converted inputs. So the key holds, for every operator of the process (the traced
-# program may reach any of them, and a decomposition inlines ops the program never names):
+# fake-converted inputs. So the key holds, for every operator of the process with user
+# code (the traced program may reach any of them, and a decomposition inlines ops the
+# program never names; torch's own, some registered lazily when a feature is first
+# imported, are left to torch's version so that keys agree between processes):
 #   * ``torch.library.custom_op`` operators: the schema and the code (bytecode, constants,
 #     closures, globals: See Note [On-disk cache keys]) of every function the
 #     ``CustomOpDef`` holds: the op's function, its fake, setup_context, backward, vmap,
