@@ -404,7 +404,7 @@ def _dynamo_dims(a: torch.Tensor) -> tuple[Any, ...] | None:
     tracing = TracingContext.try_get()
     if tracing is None or tracing.fake_mode is None:
         return None
-    context = tracing.tensor_to_context.get(a)
+    context = tracing.tensor_to_context.get(a)  # type: ignore[no-untyped-call]
     if context is None:
         return None
     f = tracing.fake_mode.from_tensor(

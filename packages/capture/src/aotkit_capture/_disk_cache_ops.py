@@ -7,8 +7,10 @@
 # autograd formula (``setup_context``/``backward``) is traced into the joint graph, a
 # CompositeImplicitAutograd kernel is inlined into the graph, a mutating op's schema
 # chooses ``auto_functionalized``, and an op without a fake kernel runs its real kernel on
-# fake-converted inputs. So the key holds, for every operator of the process (the traced
-# program may reach any of them, and a decomposition inlines ops the program never names):
+# fake-converted inputs. So the key holds, for every operator of the process with user
+# code (the traced program may reach any of them, and a decomposition inlines ops the
+# program never names; torch's own, some registered lazily when a feature is first
+# imported, are left to torch's version so that keys agree between processes):
 #   * ``torch.library.custom_op`` operators: the schema and the code (bytecode, constants,
 #     closures, globals: See Note [On-disk cache keys]) of every function the
 #     ``CustomOpDef`` holds: the op's function, its fake, setup_context, backward, vmap,
@@ -89,35 +91,54 @@ def custom_ops_key() -> list[Any]:
 
     parts: list[Any] = []
     for qualname, opdef in sorted(OPDEFS.items()):
-        if _torch_namespace(qualname):
-            continue  # one of torch's own: covered by its version
-        fp = _Fingerprint()
-        fp.put("custom_op", qualname, str(opdef._schema), sorted(map(str, opdef._tags)),
-               sorted(map(repr, opdef._autocast_dtype.items())))
-        for f in (
+        fns = (
             opdef._init_fn, opdef._abstract_fn, opdef._setup_context_fn, opdef._backward_fn,
             opdef._vmap_fn, *(f for _, f in sorted(opdef._backend_fns.items(), key=repr)),
             *(f for _, f in sorted(opdef._torch_dispatch_fns.items(), key=repr)),
-        ):
+        )
+        # torch's own (some are registered lazily, when a feature is first imported: keyed,
+        # they would make keys differ between processes): covered by torch's version
+        if _torch_namespace(qualname) or not any(_user_code(f) for f in fns):
+            continue
+        fp = _Fingerprint()
+        fp.put("custom_op", qualname, str(opdef._schema), sorted(map(str, opdef._tags)),
+               sorted(map(repr, opdef._autocast_dtype.items())))
+        for f in fns:
             _kernel(fp, f)
         parts.append((qualname, fp.hexdigest()))
     for qualname, entry in sorted(singleton._data.items()):
         if _torch_namespace(qualname):
             continue
         kernels = entry.fake_impl.kernels
-        kernel = kernels[-1] if kernels else None  # the newest runs
-        rules = entry.torch_dispatch_rules._data
-        if kernel is None and not rules:
+        funcs = (kernels[-1].func if kernels else None, *entry.torch_dispatch_rules._data.values())
+        if not any(_user_code(f) for f in funcs):  # the newest fake kernel runs
             continue
         fp = _Fingerprint()
-        fp.put("fake", qualname, sorted(map(repr, rules)))
-        for f in (kernel.func if kernel is not None else None, *rules.values()):
+        fp.put("fake", qualname, sorted(map(repr, entry.torch_dispatch_rules._data)))
+        for f in funcs:
             _kernel(fp, f)
         parts.append((qualname, fp.hexdigest()))
+        parts.append(("schema", qualname, _dump(qualname)[1]))
     for qualname, (def_site, schema, _) in sorted(_dumps.items()):
-        if not _torch_namespace(qualname) and not _torch_site(def_site):
+        # operators defined outside torch (a user's file, an extension)
+        if not _torch_namespace(qualname) and not def_site.startswith(_TORCH_DIR) and not _torch_site(def_site):
             parts.append(("schema", qualname, schema))
     return parts
+
+
+def _user_code(f: Any, depth: int = 0) -> bool:
+    """Whether ``f`` is, or (a torch wrapper) closes over, a function outside torch."""
+    if f is None:
+        return False
+    module = getattr(f, "__module__", None) or ""
+    if not (module == "torch" or module.startswith("torch.")):
+        return True
+    if isinstance(f, types.FunctionType) and depth < 3:
+        for c in f.__closure__ or ():
+            v = _cell(c)
+            if callable(v) and not isinstance(v, type) and _user_code(v, depth + 1):
+                return True
+    return False
 
 
 def _torch_namespace(qualname: str) -> bool:
