@@ -59,6 +59,8 @@ from torch.utils._python_dispatch import (
     _pop_mode_temporarily,
 )
 
+from ._device_queries import OWN_MODES, fake_device, is_device_query
+
 __all__ = ["draws_randomness", "keyed_rng", "replay_rng_inplace", "unkeyed_if_nothing_drew"]
 
 _KEY = "aotkit_rng_key"
@@ -111,6 +113,8 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if is_device_query(func, args):  # See Note [Device queries in the trace's dispatch modes]
+            return fake_device(args[0])
         if not _draws(func):
             return func(*args, **(kwargs or {}))
         self.draws += 1
@@ -128,6 +132,9 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         with _disable_current_modes():
             torch.default_generator.manual_seed(int.from_bytes(key[:8], "little") >> 1)
         return out
+
+
+OWN_MODES.add(_RngKeys)
 
 
 @contextlib.contextmanager

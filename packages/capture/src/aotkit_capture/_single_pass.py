@@ -78,6 +78,7 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
+from ._device_queries import OWN_MODES, fake_device, is_device_query
 from ._grad_flags import FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
 from ._rng_replay import draws_randomness, keyed_rng, replay_rng_inplace, unkeyed_if_nothing_drew
@@ -130,6 +131,8 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> Any:
+        if is_device_query(func, args):  # See Note [Device queries in the trace's dispatch modes]
+            return fake_device(args[0])
         if needs_python_functionalization(func):
             raise NotSinglePass(python_mode_reason(func))
         out = func(*args, **(kwargs or {}))
@@ -139,6 +142,9 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
             except FlagRead as e:
                 raise NotSinglePass(str(e)) from None
         return out
+
+
+OWN_MODES.add(_NativeOpGate)
 
 
 class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
