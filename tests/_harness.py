@@ -97,7 +97,7 @@ class TensorState:
     dtype: torch.dtype
     requires_grad: bool
     is_view: bool
-    is_leaf: bool
+    is_leaf: bool | str
 
 
 @dataclass
@@ -129,8 +129,17 @@ def _state(t: torch.Tensor) -> TensorState:
         dtype=t.dtype,
         requires_grad=t.requires_grad,
         is_view=t._is_view(),
-        is_leaf=t.is_leaf,
+        is_leaf=_is_leaf(t),
     )
+
+
+def _is_leaf(t: torch.Tensor) -> bool | str:
+    """``t.is_leaf``, or the error reading it raised: a view made under no_grad whose base
+    was then modified in place with grad on raises on any grad_fn access, in eager too."""
+    try:
+        return t.is_leaf
+    except RuntimeError as e:
+        return f"raises: {str(e).splitlines()[0][:120]}"
 
 
 def _storage(t: torch.Tensor) -> int | None:

@@ -53,3 +53,21 @@ def test_aotkit_inductor_traces_max_pool_first_in_a_fresh_process(tmp_path: obje
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().endswith("ok")
+
+
+def test_inductor_decompositions_import_lowering_in_a_fresh_process() -> None:
+    """The one helper both aotkit_inductor's trace and inductor_compiler's retrace use."""
+    program = (
+        "import sys, torch\n"
+        "from aotkit_backends import inductor_decompositions\n"
+        "assert 'torch._inductor.lowering' not in sys.modules\n"
+        "table = inductor_decompositions()\n"
+        "assert 'torch._inductor.lowering' in sys.modules\n"
+        "assert torch.ops.aten.max_pool2d_with_indices.default in table\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().endswith("ok")

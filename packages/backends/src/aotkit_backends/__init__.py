@@ -13,6 +13,7 @@ from ._fast_graph import graph_function as graph_function
 from ._inductor import InductorUnavailableError as InductorUnavailableError
 from ._inductor import inductor_available as inductor_available
 from ._inductor import inductor_compiler as inductor_compiler
+from ._inductor import inductor_decompositions as inductor_decompositions
 from ._inductor import inductor_unavailable_reason as inductor_unavailable_reason
 from ._inductor import make_inductor_compiler as make_inductor_compiler
 from ._inductor_passes import GraphRole as GraphRole
@@ -32,6 +33,7 @@ __all__ = [
     "graph_function",
     "inductor_available",
     "inductor_compiler",
+    "inductor_decompositions",
     "inductor_joint_graph_passes",
     "inductor_settings_key",
     "inductor_unavailable_reason",

@@ -174,6 +174,20 @@ def _compile(
     return compiled
 
 
+def inductor_decompositions() -> dict[Any, Callable[..., Any]]:
+    """Inductor's decomposition table (``select_decomp_table()``), for tracing graphs that
+    Inductor compiles. Imports ``torch._inductor.lowering`` first: some of Inductor's
+    decompositions (``max_pool2d_with_indices``) read it as an attribute, which Inductor's
+    own path has imported by then; a fresh process tracing for aotkit_inductor first had
+    not ("module 'torch._inductor' has no attribute 'lowering'"). Imported when called:
+    importing Inductor takes seconds."""
+    import torch._inductor.lowering  # noqa: F401
+    from torch._inductor.decomposition import select_decomp_table
+
+    table: dict[Any, Callable[..., Any]] = select_decomp_table()
+    return table
+
+
 def _compile_flat(
     gm: torch.fx.GraphModule,
     example_inputs: Sequence[Any],
@@ -183,11 +197,7 @@ def _compile_flat(
 ) -> BoxedCallable:
     # Imported here, not at the top: importing Inductor costs seconds, and a missing or
     # broken Inductor must not break ``import aotkit_backends`` (checked in ``_compile``).
-    # (lowering: Inductor's decompositions read it as an attribute; See
-    # _inductor_decompositions in aotkit_frontends)
-    import torch._inductor.lowering  # noqa: F401
     from torch._inductor.compile_fx import compile_fx_inner
-    from torch._inductor.decomposition import select_decomp_table
 
     fake_mode, fake_inputs = _fakify(example_inputs)
     with _allow_non_fake_inputs(fake_mode):
@@ -208,7 +218,7 @@ def _compile_flat(
                 return _boxed_with_structure(compiled, copied[1])
             except Exception as e:  # re-traced below, where a real error raises again
                 _log.debug("Inductor refused the graph as traced (%s); re-tracing it", e)
-        flat_gm, out_spec = _retrace_flat(gm, fake_inputs, select_decomp_table())
+        flat_gm, out_spec = _retrace_flat(gm, fake_inputs, inductor_decompositions())
         kwargs = _prepare(flat_gm, gm, fake_inputs, fake_mode, role)
         compiled = compile_fx_inner(flat_gm, fake_inputs, **kwargs)
     return _boxed_with_structure(compiled, out_spec)

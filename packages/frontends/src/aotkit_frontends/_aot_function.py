@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
 from aotkit_capture import (
+    CapturedTensorError,
     CompiledArtifacts,
     Runner,
     Uncacheable,
@@ -30,7 +31,7 @@ from aotkit_schemas import AOTConfig, disk_cache_enabled
 
 from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
 from ._guards import describe_flat_input, input_key
-from ._module_attrs import ModuleAttrs, rekeyed
+from ._module_attrs import TENSOR_ATTRIBUTE_MESSAGE, ModuleAttrs, rekeyed
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 from ._reparametrize import distinct_slot_names, reparametrized
@@ -204,6 +205,12 @@ class CompiledCache:
         except (AssertionError, RuntimeError) as e:
             if not is_captured_tensor_error(e):
                 raise
+            # See Note [Module attributes added or mutated later]
+            attrs = self.module_attrs
+            tensor_attrs = attrs.tensor_attribute_reads() if attrs is not None else []
+            if tensor_attrs:
+                message = TENSOR_ATTRIBUTE_MESSAGE.format(names=", ".join(tensor_attrs))
+                raise CapturedTensorError(message) from e
             # See Note [Tensors captured by closure or global]
             user_fn, skip = self.user_fn
             raise captured_tensor_error(user_fn, e, skip) from e

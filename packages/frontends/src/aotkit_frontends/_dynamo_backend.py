@@ -54,6 +54,7 @@ import torch
 import torch.fx
 from aotkit_backends import (
     GraphRole,
+    inductor_decompositions,
     inductor_joint_graph_passes,
     inductor_settings_key,
     make_inductor_compiler,
@@ -260,19 +261,6 @@ def dtype_from_inputs(example_inputs: Iterable[Any]) -> torch.dtype:
     return torch.float32
 
 
-def _inductor_decompositions() -> dict[Any, Callable[..., Any]]:
-    # Imported when the first graph is compiled: importing Inductor takes seconds.
-    # Inductor's decompositions read ``torch._inductor.lowering`` as an attribute (e.g.
-    # max_pool2d_with_indices), which Inductor's own path has imported by then; a fresh
-    # process tracing for aotkit_inductor first had not ("module 'torch._inductor' has no
-    # attribute 'lowering'").
-    import torch._inductor.lowering  # noqa: F401
-    from torch._inductor.decomposition import select_decomp_table
-
-    table: dict[Any, Callable[..., Any]] = select_decomp_table()
-    return table
-
-
 # Note [Layout optimization in aotkit_inductor]
 # Inductor's layout optimization (on by default, as in torch's ``inductor`` backend) may
 # return the forward's saved activations channels-last where the trace had them
@@ -294,7 +282,7 @@ def _inductor_for_role(role: GraphRole) -> Callable[..., Callable[[list[Any]], A
     """An Inductor compiler for graphs of ``role``, its layout optimization on where the
     backward follows the forward's layouts. See Note [Layout optimization in
     aotkit_inductor]."""
-    # traced with Inductor's table (``_inductor_decompositions``): See Note [Why
+    # traced with Inductor's table (``inductor_decompositions``): See Note [Why
     # inductor_compiler re-traces] in aotkit_backends
     inner = make_inductor_compiler(retrace=False, role=role)
 
@@ -369,7 +357,7 @@ aotkit_inductor = AotAutograd(
     bw_compiler=_inductor_for_role("backward"),
     inference_compiler=_inductor_for_role("inference"),
     partition_fn=_inductor_partition,
-    decompositions=_inductor_decompositions,
+    decompositions=inductor_decompositions,
     keep_inference_input_mutations=True,
 )
 _BACKENDS = {"aotkit_eager": aotkit_eager, "aotkit_inductor": aotkit_inductor}

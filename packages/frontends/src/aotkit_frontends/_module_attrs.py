@@ -10,9 +10,10 @@
 # current value of every plain attribute that a trace READ. The candidates ("slots") are
 # the attributes of every submodule registered when aot_module was called that hold a
 # plain value then: bool, int, float, complex, str, None, torch.dtype/device/layout/
-# memory_format, numpy scalars, Enum members (immutable singletons; torch treats them as
-# opaque constants), and tuples of those (recursively); nn.Module's bookkeeping
-# (hooks, tables, ``training``) and torch's derived caches (``_flat_weights``) are not.
+# memory_format, numpy scalars, enum members, and tuples, lists and dicts of those
+# (recursively); nn.Module's bookkeeping (hooks, tables, ``training``) and torch's derived
+# caches (``_flat_weights``) are not. See Note [Module attributes added or mutated later]
+# for slots made after aot_module was called.
 #
 # Reads are recorded while aot_module's function is traced (See Note [Recording module
 # attribute reads]); the slots read by any compilation so far are "watched", and only
@@ -38,8 +39,26 @@
 # read is not stored), and not at all when a slot holds a value that is not plain; a
 # compilation restored from it ran no trace, so it watches every slot. Before, a second
 # process with ``self.scale = 3.0`` restored the graph traced with 2.0.
-# Attributes that are not slots (lists, dicts, callables, user objects at aot_module time,
-# attributes added later) are not checked.
+# Attributes that are not slots (callables, user objects) are not checked.
+#
+# Note [Module attributes added or mutated later]
+# Three ways an attribute escapes a key built once at aot_module time, each a stale graph
+# before (checked with differential tests in tests/test_module_attrs_later.py):
+#   * added after aot_module was called, before a compilation: every compilation first
+#     rescans the submodules' ``__dict__`` and makes slots of new plain attributes;
+#   * read while missing (``getattr(self, "scale", 1.0)``) and added after the graph was
+#     compiled: a read of a name that the module does not have (not in its ``__dict__``,
+#     class, parameters, buffers or submodules) makes a slot whose value is "missing";
+#     setting the attribute changes the key;
+#   * a list or dict (of plain values) mutated in place: its key is its contents, and a
+#     watched slot holding one is re-read on every call (the identity shortcut of
+#     ``values()`` would miss ``self.scales[1] = 5.0``).
+# A compilation's snapshot holds the slots that existed when it started; a slot made later
+# is keyed, for older entries, with the value it had when it was made (an older entry did
+# not read it, or it would already be a slot): at worst one more compilation.
+# A tensor stored as a plain attribute (not a parameter or buffer) cannot be a constant of
+# the graph: a trace that reads it raises ``CapturedTensorError`` naming the attribute and
+# the fix (register_buffer), where the generic captured-tensor error could not name it.
 #
 # Note [Recording module attribute reads]
 # A plain attribute lives in the module's ``__dict__`` and is found by
@@ -84,12 +103,22 @@ NOT_PLAIN_READ_MESSAGE = (
     "aot_module: the traced forward read self.{name}, which holds a {type} (a plain "
     "value when aot_module was called). The graph bakes in what the trace read from it, "
     "and aot_module checks on each call only plain values (bool, int, float, complex, "
-    "str, None, torch.dtype/device/layout/memory_format, numpy scalars, Enum members, "
-    "and tuples of "
-    "those), so a later change to the object would run a stale graph. Store a plain value "
+    "str, None, torch.dtype/device/layout/memory_format, numpy scalars, enum members, "
+    "and tuples, lists and dicts of those), so a later change to the object would run a stale graph. Store a plain value "
     "in self.{name}, register a tensor with register_buffer, or pass the value to forward "
     "as an argument."
 )
+
+
+TENSOR_ATTRIBUTE_MESSAGE = (
+    "aot_module: the traced forward read {names}, a tensor stored as a plain module "
+    "attribute (not a parameter or a buffer). aot_module passes only parameters and "
+    "buffers to the graph as inputs; a graph cannot keep another tensor as a constant and "
+    "still see its later values. Remedy: register it with self.register_buffer(name, "
+    "tensor) (or make it an nn.Parameter), or pass it to forward as an argument. See Note "
+    "[Module attributes added or mutated later]."
+)
+_CONTAINERS = (list, dict)
 
 
 def is_plain(value: Any) -> bool:
@@ -98,7 +127,11 @@ def is_plain(value: Any) -> bool:
     t = type(value)
     if t in _SCALAR_TYPES or isinstance(value, enum.Enum):
         return True
-    return t is tuple and all(is_plain(v) for v in value)
+    if t is tuple or t is list:
+        return all(is_plain(v) for v in value)
+    if t is dict:
+        return all(is_plain(k) and is_plain(v) for k, v in value.items())
+    return False
 
 
 def _numpy_scalar(v: Any) -> Any:
@@ -114,8 +147,10 @@ def _key_value(v: Any) -> Any:
     t = type(v)
     if t in _SCALAR_TYPES or v is _MISSING or isinstance(v, enum.Enum):
         return v
-    if t is tuple and is_plain(v):
+    if (t is tuple or t is list) and is_plain(v):
         return tuple((type(x), _key_value(x)) for x in v)
+    if t is dict and is_plain(v):
+        return tuple((type(k), k, type(x), _key_value(x)) for k, x in v.items())
     item = _numpy_scalar(v)
     if item is not None:
         return item
@@ -139,27 +174,47 @@ class ModuleAttrs:
         self._slots: list[tuple[dict[str, Any], str]] = []
         # id(submodule) -> {attribute: slot}; the submodules are kept alive by ``mod``
         self._index: dict[int, dict[str, int]] = {}
-        always: list[int] = []
+        self._subs: dict[int, tuple[str, nn.Module]] = {}
+        # the value a slot had when it was made after aot_module (See Note [Module
+        # attributes added or mutated later]), for the entries compiled before
+        self._made_later: dict[int, tuple[Any, type]] = {}
+        self._always: list[int] = []
         for prefix, sub in mod.named_modules():
-            own = self._index.setdefault(id(sub), {})
-            bypasses = _defines_getattribute(type(sub))
-            for attr, value in sub.__dict__.items():
-                if attr in _MODULE_INTERNALS or attr in _DERIVED_CACHES or not is_plain(value):
-                    continue
-                own[attr] = len(self._slots)
-                if bypasses:  # See Note [Recording module attribute reads]
-                    always.append(len(self._slots))
-                self.names.append(f"{prefix}.{attr}" if prefix else attr)
-                self._slots.append((sub.__dict__, attr))
+            self._subs[id(sub)] = (prefix, sub)
+            self._index.setdefault(id(sub), {})
+        self._rescan()
         self.watched_names: list[str] = []  # the key's attributes, named for the log
         self._last_raw: list[Any] = []
+        self._mutable: list[int] = []  # positions in ``_last_raw`` holding a list or dict
         self._last_key: KeyPart = ((), ())
         self._watched: list[int] = []
         self._watched_slots: list[tuple[dict[str, Any], str]] = []
-        self._watch(always)
+        self._watch(self._always)
         self._reads: set[int] | None = None  # while a compilation runs
+        self._unknown_reads: set[tuple[int, str]] = set()
         self._pending: KeyPart | None = None
         self._snapshots: dict[int, KeyPart] = {}  # id(artifacts) -> every slot's key value
+
+    def _add_slot(self, sub_id: int, attr: str) -> int:
+        prefix, sub = self._subs[sub_id]
+        slot = self._index[sub_id][attr] = len(self._slots)
+        if _defines_getattribute(type(sub)):  # See Note [Recording module attribute reads]
+            self._always.append(slot)
+        self.names.append(f"{prefix}.{attr}" if prefix else attr)
+        self._slots.append((sub.__dict__, attr))
+        return slot
+
+    def _rescan(self) -> list[int]:
+        """Make slots of the plain attributes not slots yet; the new slots."""
+        new = []
+        for sub_id, (_, sub) in self._subs.items():
+            own = self._index[sub_id]
+            for attr, value in sub.__dict__.items():
+                if attr in own or attr in _MODULE_INTERNALS or attr in _DERIVED_CACHES:
+                    continue
+                if is_plain(value):
+                    new.append(self._add_slot(sub_id, attr))
+        return new
 
     def _watch(self, slots: Any) -> bool:
         new = set(slots) - set(self._watched)
@@ -177,16 +232,27 @@ class ModuleAttrs:
         raw = [d.get(k, _MISSING) for d, k in self._watched_slots]
         # the common case: every attribute holds the very objects of the previous call
         if len(raw) == len(self._last_raw) and all(map(operator.is_, raw, self._last_raw)):
-            return self._last_key
+            # a list or dict can change in place: its contents are compared (See Note
+            # [Module attributes added or mutated later])
+            vals = self._last_key[0]
+            if all(_key_value(raw[i]) == vals[i] for i in self._mutable):
+                return self._last_key
         self._last_raw = raw
+        self._mutable = [i for i, v in enumerate(raw) if type(v) in _CONTAINERS]
         self._last_key = (tuple(map(_key_value, raw)), tuple(map(type, raw)))
         return self._last_key
 
     def begin_compile(self) -> None:
-        """Start recording reads and take the snapshot of every slot."""
+        """Start recording reads and take the snapshot of every slot (after making slots of
+        the plain attributes added since: See Note [Module attributes added or mutated
+        later])."""
+        for slot in self._rescan():
+            d, k = self._slots[slot]
+            self._made_later[slot] = (_key_value(d[k]), type(d[k]))
         raw = [d.get(k, _MISSING) for d, k in self._slots]
         self._pending = (tuple(map(_key_value, raw)), tuple(map(type, raw)))
         self._reads = set()
+        self._unknown_reads = set()
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
@@ -195,7 +261,7 @@ class ModuleAttrs:
         if self._reads is None:
             yield
             return
-        reads, index = self._reads, self._index
+        reads, index, unknown = self._reads, self._index, self._unknown_reads
 
         def saw(module: Any, name: str) -> None:
             own = index.get(id(module))
@@ -203,6 +269,8 @@ class ModuleAttrs:
                 slot = own.get(name)
                 if slot is not None:
                     reads.add(slot)
+                else:
+                    unknown.add((id(module), name))
 
         runs = _DYNAMO_RUNS[0]
         with recording_reads(saw):
@@ -218,6 +286,18 @@ class ModuleAttrs:
         reads, pending = self._reads, self._pending
         self._reads = self._pending = None
         assert reads is not None and pending is not None, "begin_compile first"
+        missing = self._missing_reads()
+        if missing:  # See Note [Module attributes added or mutated later]
+            vals, types = pending
+            for sub_id, attr in missing:
+                slot = self._add_slot(sub_id, attr)
+                self._made_later[slot] = (_MISSING, tuple)
+                reads.add(slot)
+            pending = (
+                (*vals, *(_MISSING for _ in missing)),
+                (*types, *(tuple for _ in missing)),
+            )
+        reads.update(self._always)
         if restored:
             reads = set(range(len(self._slots)))
         for i in sorted(reads):
@@ -228,6 +308,34 @@ class ModuleAttrs:
         self._snapshots[id(artifacts)] = pending
         return self._watch(reads)
 
+    def _missing_reads(self) -> list[tuple[int, str]]:
+        """The reads of this compilation of names the module does not have."""
+        found = []
+        for sub_id, attr in sorted(self._unknown_reads):
+            _, sub = self._subs[sub_id]
+            if attr in sub.__dict__ or hasattr(nn.Module, attr):  # nn.Module's own
+                continue
+            # a plain class attribute read is a slot too: an instance attribute of that
+            # name set later shadows it
+            if hasattr(type(sub), attr) and not is_plain(getattr(type(sub), attr)):
+                continue
+            tables = [sub.__dict__.get(t, {}) for t in ("_parameters", "_buffers", "_modules")]
+            if any(attr in t for t in tables):
+                continue
+            found.append((sub_id, attr))
+        self._unknown_reads = set()
+        return found
+
+    def tensor_attribute_reads(self) -> list[str]:
+        """The names of the plain tensor attributes (not parameters or buffers) the failed
+        compilation read. See Note [Module attributes added or mutated later]."""
+        names = []
+        for sub_id, attr in sorted(self._unknown_reads):
+            prefix, sub = self._subs[sub_id]
+            if isinstance(sub.__dict__.get(attr), torch.Tensor):
+                names.append(f"self.{prefix}.{attr}" if prefix else f"self.{attr}")
+        return names
+
     def disk_identity(self, identity: str) -> str | None:
         """``identity`` (the program's fingerprint for the on-disk cache) extended with the
         values of every slot at the start of this compilation, or None (not cached) when a
@@ -237,13 +345,21 @@ class ModuleAttrs:
         vals, types = self._pending
         if any(map(_is_not_plain, vals)):
             return None
-        typed = repr([(t.__module__, t.__qualname__, v) for v, t in zip(vals, types, strict=True)])
+        typed = repr([
+            (name, t.__module__, t.__qualname__, v)
+            for name, v, t in zip(self.names, vals, types, strict=True)
+        ])
         return f"{identity}|module attributes {hashlib.sha256(typed.encode()).hexdigest()}"
 
     def key_of(self, artifacts: Any) -> KeyPart:
         """The key part of the entry that made ``artifacts``, for today's watched slots."""
         vals, types = self._snapshots[id(artifacts)]
-        return tuple(vals[i] for i in self._watched), tuple(types[i] for i in self._watched)
+        n = len(vals)
+        later = self._made_later
+        return (
+            tuple(vals[i] if i < n else later[i][0] for i in self._watched),
+            tuple(types[i] if i < n else later[i][1] for i in self._watched),
+        )
 
 
 def rekeyed(
@@ -358,8 +474,10 @@ def explain_attr_change(
             return "<deleted>"
         if _is_not_plain(v):
             return f"a {t.__name__}"
-        if t is tuple:
-            return repr(tuple(_plain_of(x) for x in v))
+        if t is tuple or t is list:
+            return repr(t(_plain_of(x) for x in v))
+        if t is dict:
+            return repr({k: _plain_of((tx, x)) for _, k, tx, x in v})
         return repr(v)
 
     reasons = []
@@ -379,4 +497,8 @@ def explain_attr_change(
 
 def _plain_of(typed: Any) -> Any:
     t, v = typed
-    return tuple(_plain_of(x) for x in v) if t is tuple else v
+    if t is tuple or t is list:
+        return t(_plain_of(x) for x in v)
+    if t is dict:
+        return {k: _plain_of((tx, x)) for _, k, tx, x in v}
+    return v
