@@ -183,7 +183,7 @@ def _decomposed_joint(fn: Any, *args: torch.Tensor) -> tuple[torch.fx.GraphModul
         fn,
         fw_compiler=lambda gm, _: gm,
         partition_fn=partition,
-        decompositions=get_decompositions([aten.gelu_backward]),
+        decompositions=get_decompositions([aten.gelu_backward]),  # type: ignore[arg-type]
     )
     compiled(*args)
     joint: tuple[torch.fx.GraphModule, Any, int] = got["joint"]
