@@ -5,7 +5,7 @@ through stale saved values] in aotkit_capture)."""
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -27,12 +27,24 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-_LIB = torch.library.Library("aotkit_test_misc", "FRAGMENT")
-_LIB.define("defined(Tensor x) -> Tensor")
-_LIB.impl("defined", lambda x: x.detach().cos(), "CPU")
-_LIB.impl("defined", lambda x: torch.empty_like(x), "Meta")
-_LIB.define("no_fake(Tensor x) -> Tensor")
-_LIB.impl("no_fake", lambda x: x.detach().cos(), "CPU")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _library() -> Iterator[None]:
+    # Library.impl kernels make every compilation of the process uncacheable on disk while
+    # they are registered (See Note [Custom operators in the on-disk cache key]): this
+    # module's are taken away after its tests, so that other tests in the same worker
+    # process keep the disk cache
+    lib = torch.library.Library("aotkit_test_misc", "FRAGMENT")
+    lib.define("defined(Tensor x) -> Tensor")
+    lib.impl("defined", lambda x: x.detach().cos(), "CPU")
+    lib.impl("defined", lambda x: torch.empty_like(x), "Meta")
+    lib.define("no_fake(Tensor x) -> Tensor")
+    lib.impl("no_fake", lambda x: x.detach().cos(), "CPU")
+    try:
+        yield
+    finally:
+        lib._destroy()
 
 EAGER_ERROR = (
     "Trying to backward through aotkit_test_misc.no_formula.default but no autograd formula"

@@ -17,6 +17,7 @@ def test_all() -> None:
         "graph_function",
         "inductor_available",
         "inductor_compiler",
+        "inductor_decompositions",
         "inductor_joint_graph_passes",
         "inductor_settings_key",
         "inductor_unavailable_reason",
