@@ -4,7 +4,7 @@ against the two-pass flow (same joint graph, same training result)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import aotkit
@@ -13,30 +13,11 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn as nn
+from _small_models import attention as _attention
+from _small_models import convnet as _convnet
+from _small_models import fresh_dynamo  # noqa: F401  (autouse fixture)
+from _small_models import mlp as _mlp
 from aotkit_capture import CompiledArtifacts, record_compilations
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo() -> Iterator[None]:
-    aotkit.register_dynamo_backends()
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def _mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
-
-
-def _convnet() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1)
-    )
-
-
-def _attention() -> nn.Module:
-    return nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
-
 
 # (name, model, input, the two-pass flow's path: BatchNorm's running stats are input
 # mutations, which the native joint trace leaves to the Python mode)

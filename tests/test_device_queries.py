@@ -6,7 +6,6 @@ mode, and a user's own dispatch mode still sees every query."""
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterator
 from typing import Any
 
 import aotkit
@@ -16,19 +15,12 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn as nn
+from _small_models import fresh_dynamo  # noqa: F401  (autouse fixture)
 from aotkit_capture import CompiledArtifacts, record_compilations
 from torch.fx.experimental import proxy_tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 PRIM_DEVICE = torch.ops.prim.device.default
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo() -> Iterator[None]:
-    aotkit.register_dynamo_backends()
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 def _model() -> nn.Module:

@@ -5,41 +5,21 @@ fake-kernel runs, and no flag left behind."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import aotkit
 import aotkit_capture._single_pass as single_pass_module
 import pytest
 import torch
 import torch._dynamo
 import torch.nn as nn
+from _small_models import attention as _attention
+from _small_models import convnet as _convnet
+from _small_models import fresh_dynamo  # noqa: F401  (autouse fixture)
+from _small_models import mlp as _mlp
 from aotkit_capture import CompiledArtifacts, record_compilations
 from aotkit_capture._grad_flags import FlagRead, GradFlags
 from torch._subclasses.fake_tensor import FakeTensorMode
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo() -> Iterator[None]:
-    aotkit.register_dynamo_backends()
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
-def _mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.LayerNorm(16), nn.Linear(16, 4))
-
-
-def _convnet() -> nn.Module:
-    return nn.Sequential(
-        nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1)
-    )
-
-
-def _attention() -> nn.Module:
-    return nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
-
 
 MODELS: list[tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor]]] = [
     ("mlp", _mlp, lambda: torch.randn(4, 8)),
