@@ -101,6 +101,8 @@ class CompiledArtifacts:
     stale_tangents: tuple[tuple[int, str], ...] = ()
     backward_mutated_inputs: tuple[int, ...] = ()
     subclass_layer: bool = False
+    # See Note [Inputs whose requires_grad the function changes]: (input, new flag)
+    requires_grad_changes: tuple[tuple[int, bool], ...] = ()
 
     @property
     def path(self) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -36,6 +36,7 @@ from ._generators import check_no_created_generators, recording_generators
 from ._input_rebinds import checking_input_rebinds
 from ._logs import log_restored_partition
 from ._paths import notify_compiled
+from ._requires_grad_changes import compile_following_flips
 from ._trace import FlatFn
 from ._trace_scope import new_compilation
 
@@ -79,10 +80,15 @@ def _compile_flat(
     # See Note [BatchNorm's cumulative moving average]; See Note [Generators created
     # while tracing]: checked before the store below
     # See Note [Contexts that span the backward trace]
-    with recording_generators() as created, new_compilation():
+    def compile_one(changes: Mapping[int, bool], watch_all: bool) -> tuple[Runner, CompiledArtifacts]:
         # See Note [Input changes no graph records]
-        traced = cumulative_batch_norm(checking_input_rebinds(flat_fn))
-        runner, artifacts = compile_traced(traced, flat_args, cfg)
+        traced = cumulative_batch_norm(checking_input_rebinds(flat_fn, changes, watch_all))
+        return compile_traced(traced, flat_args, cfg)
+
+    with recording_generators() as created, new_compilation():
+        # See Note [Inputs whose requires_grad the function changes]
+        runner, artifacts, changes = compile_following_flips(compile_one, flat_args)
+        artifacts.requires_grad_changes = tuple(sorted(changes.items()))
     check_no_created_generators(created, (
         artifacts.fw_module, artifacts.bw_module, artifacts.inference_module,
         artifacts.joint_module,

@@ -9,33 +9,33 @@
 #     since the trace saw the rebind only on its own wrapper, computed the outputs from
 #     values and shapes that belong to neither (``x.data = torch.zeros(5); return x * 3``
 #     returned 3 elements where eager returns 5). torch's AOTAutograd does the same.
-#   * ``x.requires_grad_()`` / ``x.requires_grad = True`` on an input that does not require
-#     grad (it stays a leaf, unlike ``x.copy_(y)`` from a ``y`` that requires grad, which
-#     autograd records and aotkit replays): eager then records the function's ops on
-#     ``x``, and the caller's ``x`` requires grad afterwards and receives ``.grad``. The
-#     compiled function was keyed and traced with ``x`` not requiring grad, so its outputs
-#     came back without ``requires_grad`` and the gradient was silently lost (torch too).
-# Neither can be replayed by a graph, so every trace of the function checks each tensor
-# input after the function returns: its storage must be the one it had on entry unless
-# functionalization recorded a ``set_`` (which it replays), and it must not have become a
-# leaf that requires grad. Otherwise the trace raises ``InputRebindError`` naming the
-# input and the fix. ``x.requires_grad_(False)`` on an input that requires grad fails in
-# the trace already (the traced inputs are not leaves); that error is re-raised as an
-# ``InputRebindError`` that says so. Cost: a few attribute reads per input per trace; nothing at run time.
+#   * ``x.requires_grad_()`` / ``x.requires_grad = ...`` on an input: the flag is not an
+#     op either. The compiled function was keyed and traced with the flag the input had at
+#     the call, so the change was lost in silence (torch's AOTAutograd still drops it).
+#     aotkit follows it instead: See Note [Inputs whose requires_grad the function
+#     changes] in ``_requires_grad_changes``.
+# A rebind cannot be replayed by a graph, so every trace of the function checks each
+# tensor input after the function returns: its storage must be the one it had on entry
+# unless functionalization recorded a ``set_`` (which it replays); otherwise the trace
+# raises ``InputRebindError`` naming the input and the fix. A changed flag raises
+# ``InputRequiresGradChanged`` (an ``InputRebindError``) carrying the changes, which
+# ``compile_flat`` catches to trace again; export raises it to the user. Cost: a few
+# attribute reads per input per trace; nothing at run time.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch._subclasses.functional_tensor import FunctionalTensor
 
 from ._errors import AOTCompileError
+from ._requires_grad_watch import RequiresGradWatch
 
-__all__ = ["InputRebindError", "checking_input_rebinds"]
+__all__ = ["InputRebindError", "InputRequiresGradChanged", "checking_input_rebinds"]
 
 DATA_MESSAGE = (
     "aotkit: the compiled function assigned `.data` of its tensor input {i} "
@@ -48,27 +48,61 @@ DATA_MESSAGE = (
 )
 
 REQUIRES_GRAD_MESSAGE = (
-    "aotkit: the compiled function changed `requires_grad` of its tensor input {i} from "
-    "{before} to {after} (`x.requires_grad_()` or `x.requires_grad = ...`). The compiled "
-    "function is traced for the inputs' `requires_grad` at the call, so the change would "
-    "be lost: the caller's tensor would keep its flag and the gradient eager sends to it "
-    "would never arrive. Remedy: set `requires_grad` on the tensor before calling the "
-    "compiled function (it is then traced as requiring grad and receives its gradient)."
+    "aotkit: the traced function changed `requires_grad` of its tensor input {i} from "
+    "{before} to {after} (`x.requires_grad_()` or `x.requires_grad = ...`). Export traces "
+    "for the inputs' `requires_grad` at the call, so the change would be lost: the "
+    "caller's tensor would keep its flag and the gradient eager sends to it would never "
+    "arrive. Remedy: set `requires_grad` on the tensor before exporting (it is then traced "
+    "as requiring grad)."
 )
 
-_NOT_A_LEAF = "you can only change requires_grad flags of leaf variables"
+NOT_A_LEAF = "you can only change requires_grad flags of leaf variables"
 NOT_A_LEAF_MESSAGE = (
     "aotkit: if that tensor is an input of the compiled function (a leaf in eager), the "
     "function changed its `requires_grad` (`x.requires_grad_(False)`, "
-    "`x.requires_grad = False`). The compiled function is traced for the inputs' "
-    "`requires_grad` at the call and cannot change it. Remedy: set `requires_grad` before "
-    "calling the compiled function, or use `x.detach()` inside it."
+    "`x.requires_grad = False`). Export traces for the inputs' `requires_grad` at the "
+    "call and cannot change it. Remedy: set `requires_grad` before calling, or use "
+    "`x.detach()` inside the function."
+)
+
+USED_BEFORE_MESSAGE = (
+    "aotkit: the compiled function used its tensor input {i} (`{use}`) before changing "
+    "its `requires_grad` to {flag}. In eager, what the function computed from the input "
+    "before the change {relation} the input in autograd; the compiled function traces the "
+    "input with its new flag from the start and cannot reproduce that. Remedy: change "
+    "`requires_grad` at the start of the function, before any use of the input (or set "
+    "it before calling the compiled function)."
+)
+
+TWICE_MESSAGE = (
+    "aotkit: the compiled function changed `requires_grad` of its tensor input {i} more "
+    "than once. The compiled function follows one change (it traces the input with the "
+    "new flag). Remedy: change it once, at the start of the function, or set it before "
+    "calling the compiled function."
+)
+
+UNFOLLOWED_MESSAGE = (
+    "aotkit: the compiled function changed `requires_grad` of its tensor input {i}, but "
+    "a second trace, with the input carrying its new flag, did not reach the change. "
+    "Remedy: change `requires_grad` at the start of the function, unconditionally, or set "
+    "it before calling the compiled function."
 )
 
 
 class InputRebindError(AOTCompileError):
     """The traced function changed an input in a way no graph records (See Note [Input
     changes no graph records])."""
+
+
+class InputRequiresGradChanged(InputRebindError):
+    """The traced function changed ``requires_grad`` of inputs: ``changes`` maps each
+    input index to its new flag; None when an input's ``requires_grad_(False)`` failed in
+    the trace and the input is not known yet. ``compile_flat`` traces again with the new
+    flags (See Note [Inputs whose requires_grad the function changes])."""
+
+    def __init__(self, message: str, changes: dict[int, bool] | None) -> None:
+        super().__init__(message)
+        self.changes = changes
 
 
 def _storage_id(t: torch.Tensor) -> int | None:
@@ -87,9 +121,20 @@ def _set_recorded(t: torch.Tensor) -> bool:
         return True
 
 
-def checking_input_rebinds(flat_fn: Callable[..., Any]) -> Callable[..., Any]:
+def checking_input_rebinds(
+    flat_fn: Callable[..., Any],
+    changes: Mapping[int, bool] | None = None,
+    watch_all: bool = False,
+) -> Callable[..., Any]:
     """``flat_fn``, raising ``InputRebindError`` after it returns if it rebound an input's
-    ``.data`` or changed its ``requires_grad``. See Note [Input changes no graph records]."""
+    ``.data``, and ``InputRequiresGradChanged`` if it changed an input's ``requires_grad``
+    (See Note [Input changes no graph records]).
+
+    ``changes``: inputs traced with the flag the function gives them (input index -> new
+    flag), whose flips are followed (See Note [Inputs whose requires_grad the function
+    changes]). ``watch_all``: find the input whose ``requires_grad_(False)`` failed in an
+    earlier trace."""
+    changes = dict(changes or {})
 
     @functools.wraps(flat_fn)
     def checked(*args: Any) -> Any:
@@ -98,26 +143,61 @@ def checking_input_rebinds(flat_fn: Callable[..., Any]) -> Callable[..., Any]:
             for i, a in enumerate(args)
             if isinstance(a, torch.Tensor)
         ]
+        watch = (
+            RequiresGradWatch(args, changes, watch_all, _unseen_flip)
+            if changes or watch_all else None
+        )
         try:
-            out = flat_fn(*args)
+            if watch is None:
+                out = flat_fn(*args)
+            else:
+                with watch:
+                    out = flat_fn(*args)
         except RuntimeError as e:
             # the trace's inputs that require grad are not leaves (eager's are)
-            if str(e).startswith(_NOT_A_LEAF) and any(
+            if not watch_all and str(e).startswith(NOT_A_LEAF) and any(
                 isinstance(a, torch.Tensor) and a.requires_grad for a in args
             ):
-                raise InputRebindError(f"{e}\n{NOT_A_LEAF_MESSAGE}") from e
+                raise InputRequiresGradChanged(f"{e}\n{NOT_A_LEAF_MESSAGE}", None) from e
             raise
-        for i, a, storage, shape, requires_grad in before:
-            # an in-place op from a tensor that requires grad (``x.copy_(y)``) also sets the
-            # flag, recorded: the input then has a grad_fn. Only a leaf flag is unrecorded.
-            if a.requires_grad and not requires_grad and a.grad_fn is None:
-                raise InputRebindError(
-                    REQUIRES_GRAD_MESSAGE.format(i=i, before=requires_grad, after=a.requires_grad)
-                )
+        for i, a, storage, shape, _ in before:
             if storage is not None and _storage_id(a) != storage and not _set_recorded(a):
                 raise InputRebindError(
                     DATA_MESSAGE.format(i=i, before=list(shape), after=list(a.shape))
                 )
+        if watch is not None:
+            _check_followed(watch, changes)
+        flips: dict[int, bool] = {}
+        for i, a, _, _, requires_grad in before:
+            # an in-place op from a tensor that requires grad (``x.copy_(y)``) also sets the
+            # flag, recorded: the input then has a grad_fn. Only a leaf flag is unrecorded.
+            if i not in changes and a.requires_grad != requires_grad and a.grad_fn is None:
+                flips[i] = a.requires_grad
+        if flips:
+            i, flag = next(iter(flips.items()))
+            raise InputRequiresGradChanged(
+                REQUIRES_GRAD_MESSAGE.format(i=i, before=not flag, after=flag), flips
+            )
         return out
 
     return checked
+
+
+def _unseen_flip(i: int) -> None:
+    raise InputRequiresGradChanged(
+        REQUIRES_GRAD_MESSAGE.format(i=i, before=True, after=False), {i: False}
+    )
+
+
+def _check_followed(watch: RequiresGradWatch, changes: Mapping[int, bool]) -> None:
+    if watch.flipped_twice is not None:
+        raise InputRebindError(TWICE_MESSAGE.format(i=watch.flipped_twice))
+    for i, use in sorted(watch.used_before.items()):
+        flag = changes[i]
+        relation = "is not connected to" if flag else "stays connected to"
+        raise InputRebindError(
+            USED_BEFORE_MESSAGE.format(i=i, use=use, flag=flag, relation=relation)
+        )
+    unseen = watch.unseen_flips()
+    if unseen:
+        raise InputRebindError(UNFOLLOWED_MESSAGE.format(i=unseen[0]))

@@ -1,0 +1,160 @@
+"""A trace-time watch over the ``requires_grad`` changes a function makes to its inputs.
+
+See Note [Inputs whose requires_grad the function changes] in ``_requires_grad_changes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
+
+__all__ = ["RequiresGradWatch", "flag_change"]
+
+# Tensor properties and methods that read no values: a call of one of them on an input
+# before its flip is not a use (eager's result would not depend on the flip)
+_QUERY_PROPERTIES = frozenset({
+    "shape", "dtype", "device", "requires_grad", "is_leaf", "grad_fn", "ndim", "layout",
+    "is_cuda", "is_cpu", "is_meta", "is_sparse", "is_quantized", "is_mkldnn", "is_nested",
+    "names", "_version", "output_nr", "itemsize", "nbytes", "is_mps", "is_xpu",
+})
+_QUERY_METHODS = frozenset({
+    "size", "dim", "ndimension", "stride", "numel", "nelement", "storage_offset",
+    "is_contiguous", "element_size", "is_floating_point", "is_complex", "__len__",
+    "get_device", "__hash__", "is_inference",
+})
+
+
+def _descriptor(func: Any) -> tuple[str | None, str | None]:
+    """(``__get__``/``__set__``, the property's name) for a Tensor property access."""
+    name = getattr(func, "__name__", None)
+    if name in ("__get__", "__set__"):
+        return name, getattr(getattr(func, "__self__", None), "__name__", None)
+    return None, None
+
+
+def flag_change(
+    func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> tuple[torch.Tensor, bool] | None:
+    """(tensor, new flag) when ``func`` is ``t.requires_grad_(flag)`` or
+    ``t.requires_grad = flag``, else None."""
+    if getattr(func, "__name__", None) == "requires_grad_" and args:
+        flag = args[1] if len(args) > 1 else kwargs.get("requires_grad", True)
+        return args[0], bool(flag)
+    access, prop = _descriptor(func)
+    if access == "__set__" and prop == "requires_grad" and len(args) == 2:
+        return args[0], bool(args[1])
+    return None
+
+
+def _is_query(func: Any) -> bool:
+    access, prop = _descriptor(func)
+    if access == "__get__":
+        return prop in _QUERY_PROPERTIES
+    return getattr(func, "__name__", None) in _QUERY_METHODS
+
+
+class RequiresGradWatch(TorchFunctionMode):
+    """Follows the flips of the inputs in ``changes`` (input index -> the flag the
+    function sets) while the function is traced with those inputs already carrying their
+    new flag:
+
+    * the flip itself is a no-op (the traced input already has the flag);
+    * before the flip, ``requires_grad``, ``is_leaf`` and ``grad_fn`` of the input read as
+      eager's caller-side leaf would (the old flag, True, None), so the function takes
+      eager's branches;
+    * any other use of the input before its flip is recorded in ``used_before``.
+
+    With ``watch_all``, a ``requires_grad_(False)`` on any other input that requires grad
+    calls ``on_unseen(index)`` (which raises), since the trace cannot run it (its inputs
+    that require grad are not leaves).
+    """
+
+    def __init__(
+        self,
+        args: Sequence[Any],
+        changes: Mapping[int, bool],
+        watch_all: bool,
+        on_unseen: Callable[[int], None],
+    ) -> None:
+        super().__init__()
+        self._args = args  # keeps the ids below alive
+        self._watched: dict[int, bool] = {}
+        self._index: dict[int, int] = {}
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                self._index.setdefault(id(a), i)
+                if i in changes:
+                    self._watched[id(a)] = changes[i]
+        self.flipped: set[int] = set()
+        self.used_before: dict[int, str] = {}  # input index -> the first use's name
+        self.flipped_twice: int | None = None
+        self._watch_all = watch_all
+        self._on_unseen = on_unseen
+
+    def __torch_function__(
+        self,
+        func: Any,
+        types: Any,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        change = flag_change(func, args, kwargs)
+        if change is not None:
+            t, flag = change
+            target = self._watched.get(id(t))
+            if target is not None:
+                if id(t) in self.flipped or flag != target:
+                    if self.flipped_twice is None:
+                        self.flipped_twice = self._index[id(t)]
+                else:
+                    self.flipped.add(id(t))
+                # the traced input already carries the flag
+                return t if getattr(func, "__name__", None) == "requires_grad_" else None
+            if self._watch_all and not flag and t.requires_grad and id(t) in self._index:
+                self._on_unseen(self._index[id(t)])
+            return func(*args, **kwargs)
+        if self._watched:
+            access, prop = _descriptor(func)
+            if access == "__get__" and args and id(args[0]) in self._watched:
+                answer = self._eager_answer(args[0], prop)
+                if answer is not _NO_ANSWER:
+                    return answer
+            if not _is_query(func):
+                self._record_uses(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def _eager_answer(self, t: Any, prop: str | None) -> Any:
+        if prop == "requires_grad":
+            target = self._watched[id(t)]
+            return target if id(t) in self.flipped else not target
+        if prop == "is_leaf":
+            return True
+        if prop == "grad_fn":
+            return None
+        return _NO_ANSWER
+
+    def _record_uses(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
+        for leaf in pytree.tree_leaves((args, kwargs)):
+            if isinstance(leaf, torch.Tensor):
+                key = id(leaf)
+                if key in self._watched and key not in self.flipped:
+                    self.used_before.setdefault(self._index[key], _name(func))
+
+    def unseen_flips(self) -> list[int]:
+        """Watched inputs whose flip the trace did not reach."""
+        return sorted(self._index[k] for k in self._watched if k not in self.flipped)
+
+
+_NO_ANSWER = object()
+
+
+def _name(func: Any) -> str:
+    access, prop = _descriptor(func)
+    if access is not None:
+        return f".{prop}"
+    return str(getattr(func, "__qualname__", None) or getattr(func, "__name__", func))
