@@ -33,10 +33,15 @@ from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, res
 from ._fakify import construct_fake_mode
 from ._gc import deferred_full_collections
 from ._generators import check_no_created_generators, recording_generators
-from ._input_rebinds import checking_input_rebinds
+from ._input_rebinds import InputRebindError, checking_input_rebinds
 from ._logs import log_restored_partition
 from ._paths import notify_compiled
-from ._requires_grad_changes import compile_following_flips
+from ._requires_grad_changes import (
+    changes_from_json,
+    compile_following_flips,
+    flipping_runner,
+    temporarily_flipped,
+)
 from ._trace import FlatFn
 from ._trace_scope import new_compilation
 
@@ -145,7 +150,35 @@ def _restore(
     sidecar: CacheSidecar | None,
 ) -> tuple[Runner, CompiledArtifacts] | None:
     """The compiled entry for a checksummed payload, or None (logged) when it does not
-    check out against the inputs. See Note [On-disk compile cache]."""
+    check out against the inputs. See Note [On-disk compile cache]; an entry whose
+    function changes inputs' ``requires_grad`` is restored with the new flags and flips
+    them at run time (See Note [Inputs whose requires_grad the function changes])."""
+    try:
+        changes = changes_from_json(payload.get("requires_grad_changes", []))
+    except CacheFormatError as e:
+        reject_payload(key, str(e))
+        return None
+    if not changes:
+        return _restore_entry(key, payload, flat_args, cfg, sidecar)
+    try:
+        with temporarily_flipped(flat_args, changes):
+            restored = _restore_entry(key, payload, flat_args, cfg, sidecar)
+    except (RuntimeError, InputRebindError):  # eager's error for this input: the trace raises it
+        return None
+    if restored is None:
+        return None
+    runner, artifacts = restored
+    artifacts.requires_grad_changes = tuple(sorted(changes.items()))
+    return flipping_runner(runner, changes), artifacts
+
+
+def _restore_entry(
+    key: str,
+    payload: dict[str, Any],
+    flat_args: Sequence[Any],
+    cfg: AOTConfig,
+    sidecar: CacheSidecar | None,
+) -> tuple[Runner, CompiledArtifacts] | None:
     symbolic = "shape" in payload
     fake_mode = detect_fake_mode(list(flat_args))
     own_mode = fake_mode is None

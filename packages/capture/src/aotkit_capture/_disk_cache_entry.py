@@ -90,6 +90,8 @@ def entry_payload(
             "sidecar": None if sidecar is None else sidecar.to_json(),
             # See Note [Effect tokens in the on-disk cache]
             "tokens": tokens_to_json(artifacts.meta),
+            # See Note [Inputs whose requires_grad the function changes]
+            "requires_grad_changes": [list(c) for c in artifacts.requires_grad_changes],
         }
         form = _symbolic_form(artifacts) if symbolic else None
         if form is not None:

@@ -144,7 +144,9 @@ def checking_input_rebinds(
             if isinstance(a, torch.Tensor)
         ]
         watch = (
-            RequiresGradWatch(args, changes, watch_all, _unseen_flip)
+            RequiresGradWatch(
+                args, changes, watch_all, _unseen_flip, functools.partial(_used_before, changes)
+            )
             if changes or watch_all else None
         )
         try:
@@ -189,15 +191,15 @@ def _unseen_flip(i: int) -> None:
     )
 
 
+def _used_before(changes: Mapping[int, bool], i: int, use: str) -> None:
+    flag = changes[i]
+    relation = "is not connected to" if flag else "stays connected to"
+    raise InputRebindError(USED_BEFORE_MESSAGE.format(i=i, use=use, flag=flag, relation=relation))
+
+
 def _check_followed(watch: RequiresGradWatch, changes: Mapping[int, bool]) -> None:
     if watch.flipped_twice is not None:
         raise InputRebindError(TWICE_MESSAGE.format(i=watch.flipped_twice))
-    for i, use in sorted(watch.used_before.items()):
-        flag = changes[i]
-        relation = "is not connected to" if flag else "stays connected to"
-        raise InputRebindError(
-            USED_BEFORE_MESSAGE.format(i=i, use=use, flag=flag, relation=relation)
-        )
     unseen = watch.unseen_flips()
     if unseen:
         raise InputRebindError(UNFOLLOWED_MESSAGE.format(i=unseen[0]))

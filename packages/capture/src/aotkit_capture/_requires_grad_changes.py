@@ -56,10 +56,16 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+from aotkit_schemas import CacheFormatError
 
 from ._input_rebinds import InputRebindError, InputRequiresGradChanged
 
-__all__ = ["compile_following_flips", "flipping_runner", "temporarily_flipped"]
+__all__ = [
+    "changes_from_json",
+    "compile_following_flips",
+    "flipping_runner",
+    "temporarily_flipped",
+]
 
 Runner = Callable[[list[Any]], Any]
 
@@ -132,3 +138,13 @@ def compile_following_flips(
         "aotkit: the compiled function kept changing `requires_grad` of its inputs from "
         "one trace to the next. Remedy: set `requires_grad` before calling it."
     )
+
+
+def changes_from_json(value: Any) -> dict[int, bool]:
+    """A disk entry's ``requires_grad_changes`` ([[input, flag], ...]) read back."""
+    if not isinstance(value, list) or not all(
+        isinstance(c, list) and len(c) == 2 and type(c[0]) is int and type(c[1]) is bool
+        for c in value
+    ):
+        raise CacheFormatError("bad requires_grad change list")
+    return {c[0]: c[1] for c in value}

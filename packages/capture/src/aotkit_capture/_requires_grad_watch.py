@@ -66,7 +66,8 @@ class RequiresGradWatch(TorchFunctionMode):
     * before the flip, ``requires_grad``, ``is_leaf`` and ``grad_fn`` of the input read as
       eager's caller-side leaf would (the old flag, True, None), so the function takes
       eager's branches;
-    * any other use of the input before its flip is recorded in ``used_before``.
+    * any other use of the input before its flip calls ``on_used_before(index, name)``
+      (which raises).
 
     With ``watch_all``, a ``requires_grad_(False)`` on any other input that requires grad
     calls ``on_unseen(index)`` (which raises), since the trace cannot run it (its inputs
@@ -79,6 +80,7 @@ class RequiresGradWatch(TorchFunctionMode):
         changes: Mapping[int, bool],
         watch_all: bool,
         on_unseen: Callable[[int], None],
+        on_used_before: Callable[[int, str], None],
     ) -> None:
         super().__init__()
         self._args = args  # keeps the ids below alive
@@ -90,10 +92,10 @@ class RequiresGradWatch(TorchFunctionMode):
                 if i in changes:
                     self._watched[id(a)] = changes[i]
         self.flipped: set[int] = set()
-        self.used_before: dict[int, str] = {}  # input index -> the first use's name
         self.flipped_twice: int | None = None
         self._watch_all = watch_all
         self._on_unseen = on_unseen
+        self._on_used_before = on_used_before
 
     def __torch_function__(
         self,
@@ -143,7 +145,9 @@ class RequiresGradWatch(TorchFunctionMode):
             if isinstance(leaf, torch.Tensor):
                 key = id(leaf)
                 if key in self._watched and key not in self.flipped:
-                    self.used_before.setdefault(self._index[key], _name(func))
+                    # raised at once: the use may itself fail on the new flag (an in-place
+                    # op on a leaf that requires grad), with a less useful error
+                    self._on_used_before(self._index[key], _name(func))
 
     def unseen_flips(self) -> list[int]:
         """Watched inputs whose flip the trace did not reach."""
