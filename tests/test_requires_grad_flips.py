@@ -377,9 +377,8 @@ def test_aot_module_simplified() -> None:
 @pytest.mark.parametrize("fn", [_flip, _unflip], ids=["flip", "unflip"])
 def test_torch_compile(fn: Callable[..., Any]) -> None:
     """dynamo applies the change itself, before the graph it hands the backend."""
-    import torch._dynamo
-
     import aotkit  # noqa: F401  (registers aotkit_eager)
+    import torch._dynamo
 
     make = (lambda: (_arange(3), _ones(3, grad=True))) if fn is _flip else (
         lambda: (_arange(3, grad=True), _ones(3, grad=True)))
