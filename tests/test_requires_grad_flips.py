@@ -132,6 +132,13 @@ def _flip_twice(a: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def _flip_on_off_between_uses(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a.requires_grad_()
+    y = a * b
+    a.requires_grad_(False)  # the flags end as they began: no change to follow
+    return y, a * 3
+
+
 def _flip_both(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a.requires_grad_()
     b.requires_grad_()
@@ -173,6 +180,8 @@ PROGRAMS: list[tuple[str, Callable[..., Any], Make]] = [
      lambda: (torch.arange(3), torch.arange(3))),
     ("flip inside no_grad", _flip_under_no_grad, lambda: (_arange(3), _arange(3, grad=True))),
     ("flip on then off", _flip_twice, lambda: (_arange(3),)),
+    ("flip on, use, off, use", _flip_on_off_between_uses,
+     lambda: (_arange(3), _ones(3, grad=True))),
     ("flip two inputs", _flip_both, lambda: (_arange(3), _ones(3))),
     ("flip an input passed twice", _dupe, _same_tensor_twice),
     ("unflip a leaf", _unflip, lambda: (_arange(3, grad=True), _ones(3, grad=True))),
@@ -330,6 +339,22 @@ def test_a_use_before_the_change_raises_and_leaves_the_inputs_alone(
     for a, (value, requires_grad) in zip(args, before, strict=True):
         torch.testing.assert_close(a.detach(), value, rtol=0, atol=0)
         assert a.requires_grad == requires_grad and a.grad is None
+
+
+def _flip_off_on(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a.requires_grad_()
+    y = a * 2
+    a.requires_grad_(False)
+    a.requires_grad_()
+    return y, a * b
+
+
+def test_a_second_change_of_the_same_input_raises() -> None:
+    args = (_arange(3), _ones(3, grad=True))
+    _flip_off_on(*(t.detach().clone() for t in args))  # eager runs it
+    with pytest.raises(InputRebindError, match="input 0 more than once.*Remedy: change it once"):
+        aot_function(_flip_off_on, nop)(*args)
+    assert not args[0].requires_grad
 
 
 class _FlipsItsArgument(torch.nn.Module):
