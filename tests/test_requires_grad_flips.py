@@ -377,13 +377,27 @@ class _FreezesItsParameter(torch.nn.Module):
         return x * self.w
 
 
-@pytest.mark.parametrize("cls", [_FlipsItsArgument, _FreezesItsParameter])
+class _UnfreezesParameterAndBuffer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.arange(3.0) + 1, requires_grad=False)
+        self.register_buffer("buf", torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.w.requires_grad_()
+        self.buf.requires_grad_()
+        return x * self.w * self.buf
+
+
+@pytest.mark.parametrize("cls", [_FlipsItsArgument, _FreezesItsParameter, _UnfreezesParameterAndBuffer])
 def test_aot_module(cls: type[torch.nn.Module]) -> None:
     def run(wrap: Callable[[torch.nn.Module], Any], x_grad: bool) -> tuple[Any, ...]:
         mod = cls()
         x = _arange(3, grad=x_grad)
         seen = _observe(wrap(mod), (x,))
-        return seen, mod.w.requires_grad, mod.w.grad
+        state = [(n, t.requires_grad, t.grad) for n, t in
+                 [*mod.named_parameters(), *mod.named_buffers()]]
+        return seen, state
 
     for x_grad in (False, True):
         expected = run(lambda m: m, x_grad)
