@@ -228,3 +228,34 @@ def no_grad_view_of_intermediate_only_alias(x):
     with torch.no_grad():
         v = y.view(3, 2)
     return (v,)
+
+
+# ---- inputs whose requires_grad the function changes ------------------------------------
+# See Note [Inputs whose requires_grad the function changes] in aotkit_capture: the input is
+# traced with its new flag and the caller's tensor flipped at run time, as eager does.
+
+_TORCH_DROPS_FLIP = TorchDiffers(
+    "torch traces the input with the flag it had at the call: its gradient is dropped"
+)
+
+
+@case(inputs=lambda: (rand(3, 3), rand(3, 3, grad=True)), torch_differs=_TORCH_DROPS_FLIP)
+def input_requires_grad_turned_on(a, b):
+    # torch's test_input_inplace_requires_grad_true
+    a.requires_grad_(True)
+    return a.mul(3), b.mul(4)
+
+
+@case(inputs=lambda: (rand(3), rand(3)), torch_differs=_TORCH_DROPS_FLIP)
+def input_requires_grad_turned_on_no_other_grad(a, b):
+    a.requires_grad = True
+    return (a * b).sin(), a[1:]
+
+
+@case(
+    inputs=lambda: (rand(3, grad=True), rand(3, grad=True)),
+    torch_differs=TorchDiffers("torch's trace inputs are not leaves: requires_grad_(False) raises"),
+)
+def input_requires_grad_turned_off(a, b):
+    b.requires_grad_(False)
+    return a * b
