@@ -188,6 +188,10 @@ PROGRAMS: list[tuple[str, Callable[..., Any], Make]] = [
     ("unflip a leaf by attribute", _unflip_attribute,
      lambda: (_arange(3, grad=True), _ones(3, grad=True))),
     ("unflip a non-leaf", _unflip, lambda: (_arange(3, grad=True), _ones(3, grad=True) * 1)),
+    ("flip a view of a base that requires grad", _flip,
+     lambda: (_arange(6, grad=True)[1:4], _arange(3))),
+    ("unflip a view of a base that requires grad", _unflip,
+     lambda: (_arange(3), _arange(6, grad=True)[1:4])),
     ("unflip an intermediate", _unflip_intermediate, lambda: (_arange(3, grad=True),)),
     ("unflip, arrives False", _unflip, lambda: (_arange(3, grad=True), _ones(3))),
 ]
@@ -446,8 +450,17 @@ def test_functions_that_change_no_flag_trace_once() -> None:
     assert len(compiled) == 1 and compiled[0].requires_grad_changes == ()
 
 
+@pytest.mark.parametrize(
+    ("fn", "make", "changes"),
+    [
+        (_flip, lambda: (_arange(3), _ones(3, grad=True)), ((0, True),)),
+        (_unflip, lambda: (_arange(3, grad=True), _ones(3, grad=True)), ((1, False),)),
+    ],
+    ids=["flip", "unflip"],
+)
 def test_disk_cache_stores_and_restores_the_change(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    fn: Callable[..., Any], make: Make, changes: tuple[tuple[int, bool], ...],
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from aotkit_capture import cache_counters
     from aotkit_schemas import disk_cache_config, mark_cache_key
@@ -458,13 +471,15 @@ def test_disk_cache_stores_and_restores_the_change(
     mark_cache_key(compiler, "test.requires_grad_flips/1")
     monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
     monkeypatch.setattr(disk_cache_config, "enabled", True)
-    make = lambda: (_arange(3), _ones(3, grad=True))  # noqa: E731
-    expected = _observe(_flip, make())
+    expected = _observe(fn, make())
     cache_counters.clear()
-    _assert_same(expected, _observe(aot_function(_flip, compiler), make()))
+    cold = aot_function(fn, compiler)
+    _assert_same(expected, _observe(cold, make()))
     assert cache_counters["store"] == 1
+    assert cold._aotkit_cache.artifacts[0].requires_grad_changes == changes  # type: ignore[attr-defined]
     cache_counters.clear()
-    warm = aot_function(_flip, compiler)  # a new function object: its memory cache is empty
+    warm = aot_function(fn, compiler)  # a new function object: its memory cache is empty
     _assert_same(expected, _observe(warm, make()))
     assert dict(cache_counters) == {"hit": 1}
-    assert warm._aotkit_cache.artifacts[0].requires_grad_changes == ((0, True),)  # type: ignore[attr-defined]
+    art = warm._aotkit_cache.artifacts[0]  # type: ignore[attr-defined]
+    assert art.from_cache and art.requires_grad_changes == changes
