@@ -139,6 +139,13 @@ def _flip_on_off_between_uses(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.T
     return y, a * 3
 
 
+def _flip_after_setting_the_same_flag(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    a.requires_grad_(False)  # no-op: a arrives not requiring grad
+    a.requires_grad_()
+    a.requires_grad_()  # no-op: a is a leaf that requires grad
+    return a * b
+
+
 def _flip_both(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     a.requires_grad_()
     b.requires_grad_()
@@ -182,6 +189,8 @@ PROGRAMS: list[tuple[str, Callable[..., Any], Make]] = [
     ("flip on then off", _flip_twice, lambda: (_arange(3),)),
     ("flip on, use, off, use", _flip_on_off_between_uses,
      lambda: (_arange(3), _ones(3, grad=True))),
+    ("flip between no-op sets of the flag", _flip_after_setting_the_same_flag,
+     lambda: (_arange(3), _ones(3))),
     ("flip two inputs", _flip_both, lambda: (_arange(3), _ones(3))),
     ("flip an input passed twice", _dupe, _same_tensor_twice),
     ("unflip a leaf", _unflip, lambda: (_arange(3, grad=True), _ones(3, grad=True))),

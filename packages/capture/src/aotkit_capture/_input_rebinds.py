@@ -145,7 +145,8 @@ def checking_input_rebinds(
         ]
         watch = (
             RequiresGradWatch(
-                args, changes, watch_all, _unseen_flip, functools.partial(_used_before, changes)
+                args, changes, watch_all, _unseen_flip,
+                functools.partial(_used_before, changes), _changed_twice,
             )
             if changes or watch_all else None
         )
@@ -168,7 +169,7 @@ def checking_input_rebinds(
                     DATA_MESSAGE.format(i=i, before=list(shape), after=list(a.shape))
                 )
         if watch is not None:
-            _check_followed(watch, changes)
+            _check_followed(watch)
         flips: dict[int, bool] = {}
         for i, a, _, _, requires_grad in before:
             # an in-place op from a tensor that requires grad (``x.copy_(y)``) also sets the
@@ -197,9 +198,11 @@ def _used_before(changes: Mapping[int, bool], i: int, use: str) -> None:
     raise InputRebindError(USED_BEFORE_MESSAGE.format(i=i, use=use, flag=flag, relation=relation))
 
 
-def _check_followed(watch: RequiresGradWatch, changes: Mapping[int, bool]) -> None:
-    if watch.flipped_twice is not None:
-        raise InputRebindError(TWICE_MESSAGE.format(i=watch.flipped_twice))
+def _changed_twice(i: int) -> None:
+    raise InputRebindError(TWICE_MESSAGE.format(i=i))
+
+
+def _check_followed(watch: RequiresGradWatch) -> None:
     unseen = watch.unseen_flips()
     if unseen:
         raise InputRebindError(UNFOLLOWED_MESSAGE.format(i=unseen[0]))

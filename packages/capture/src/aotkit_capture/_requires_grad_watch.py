@@ -66,8 +66,8 @@ class RequiresGradWatch(TorchFunctionMode):
     * before the flip, ``requires_grad``, ``is_leaf`` and ``grad_fn`` of the input read as
       eager's caller-side leaf would (the old flag, True, None), so the function takes
       eager's branches;
-    * any other use of the input before its flip calls ``on_used_before(index, name)``
-      (which raises).
+    * any other use of the input before its flip calls ``on_used_before(index, name)``,
+      and a second change of it ``on_twice(index)`` (both raise).
 
     With ``watch_all``, a ``requires_grad_(False)`` on any other input that requires grad
     calls ``on_unseen(index)`` (which raises), since the trace cannot run it (its inputs
@@ -81,6 +81,7 @@ class RequiresGradWatch(TorchFunctionMode):
         watch_all: bool,
         on_unseen: Callable[[int], None],
         on_used_before: Callable[[int, str], None],
+        on_twice: Callable[[int], None],
     ) -> None:
         super().__init__()
         self._args = args  # keeps the ids below alive
@@ -92,10 +93,10 @@ class RequiresGradWatch(TorchFunctionMode):
                 if i in changes:
                     self._watched[id(a)] = changes[i]
         self.flipped: set[int] = set()
-        self.flipped_twice: int | None = None
         self._watch_all = watch_all
         self._on_unseen = on_unseen
         self._on_used_before = on_used_before
+        self._on_twice = on_twice
 
     def __torch_function__(
         self,
@@ -110,12 +111,13 @@ class RequiresGradWatch(TorchFunctionMode):
             t, flag = change
             target = self._watched.get(id(t))
             if target is not None:
-                if id(t) in self.flipped or flag != target:
-                    if self.flipped_twice is None:
-                        self.flipped_twice = self._index[id(t)]
-                else:
+                flipped = id(t) in self.flipped
+                if flag != (target if flipped else not target):  # eager's flag changes
+                    if flipped:
+                        self._on_twice(self._index[id(t)])
                     self.flipped.add(id(t))
-                # the traced input already carries the flag
+                # the traced input already carries the flag; setting eager's current
+                # flag again is a no-op in eager too
                 return t if getattr(func, "__name__", None) == "requires_grad_" else None
             if self._watch_all and not flag and t.requires_grad and id(t) in self._index:
                 self._on_unseen(self._index[id(t)])
