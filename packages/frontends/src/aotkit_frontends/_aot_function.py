@@ -26,6 +26,7 @@ from aotkit_capture import (
     is_captured_tensor_error,
     program_fingerprint,
 )
+from aotkit_functional import leaf_inputs
 from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig, disk_cache_enabled
 
@@ -199,9 +200,13 @@ class CompiledCache:
             identity = self.module_attrs.disk_identity(identity)
         try:
             # See Note [Generators created while tracing] in aotkit_capture
-            runner, artifacts = compile_flat(
-                flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
-            )
+            # the key holds each input's leafness: See Note [Input wrappers that are
+            # autograd leaves] in aotkit_functional
+            with leaf_inputs("leaves"):
+                runner, artifacts = compile_flat(
+                    flat_fn, flat_args, self.cfg, cache_identity=identity,
+                    cache_sidecar=outputs,
+                )
         except (AssertionError, RuntimeError) as e:
             if not is_captured_tensor_error(e):
                 raise
