@@ -51,11 +51,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 from aotkit_functional import is_leaf_input
+
+from ._input_rebinds import NOT_A_LEAF_MESSAGE, InputRebindError
 
 _C: Any = torch._C
 
@@ -70,6 +72,18 @@ def cast_cache_leaf(arg: Any) -> bool:
 def wrapped_as_leaf(f_arg: Any) -> bool:
     """Whether the input wrapper ``f_arg`` was made a leaf (``cast_cache_leaf``)."""
     return isinstance(f_arg, torch.Tensor) and f_arg.requires_grad and f_arg.is_leaf
+
+
+def check_leaf_flags(f_args: Sequence[Any], leaves: Sequence[bool]) -> None:
+    """Raise ``InputRebindError`` if the function cleared ``requires_grad`` of an input
+    wrapped as a leaf (eager allows it on a leaf; the graph cannot replay it: See Note
+    [Input changes no graph records]). A wrapper that is not a leaf raised already."""
+    for i, (f, leaf) in enumerate(zip(f_args, leaves, strict=True)):
+        if leaf and not f.requires_grad:
+            raise InputRebindError(
+                f"aotkit: the compiled function cleared `requires_grad` of its tensor input "
+                f"{i}.\n{NOT_A_LEAF_MESSAGE}"
+            )
 
 
 def caller_cache_flag() -> bool:

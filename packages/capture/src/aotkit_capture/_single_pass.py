@@ -78,7 +78,13 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
-from ._autocast_cache import caller_cache_flag, cast_cache_leaf, eager_cast_cache
+from ._autocast_cache import (
+    caller_cache_flag,
+    cast_cache_leaf,
+    check_leaf_flags,
+    eager_cast_cache,
+    wrapped_as_leaf,
+)
 from ._device_queries import OWN_MODES, fake_device, is_device_query
 from ._grad_flags import FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
@@ -349,8 +355,10 @@ def trace_single_pass(
             # See Note [Fake-cache keys of the single pass's forward]
             flags = None if decompositions else GradFlags()
             try:
+                leaves = [wrapped_as_leaf(p) for p in f_primals]
                 with _FunctionGate(), _NativeOpGate(flags), eager_cast_cache(cache_flag):
                     outs = list(flat_fn(*f_primals))
+                check_leaf_flags(f_primals, leaves)
             finally:
                 if flags is not None:
                     flags.clear()

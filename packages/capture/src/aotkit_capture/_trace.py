@@ -39,6 +39,7 @@ from ._autocast import backward_autocast
 from ._autocast_cache import (
     caller_cache_flag,
     cast_cache_leaf,
+    check_leaf_flags,
     eager_cast_cache,
     wrapped_as_leaf,
 )
@@ -138,8 +139,10 @@ def _forward_returns(
         for i, info in enumerate(meta.input_info):
             if info.mutation_type is MutationType.MUTATED_OUT_GRAPH:
                 run_args[i] = _fresh_input(f_args[i], info, leaf=wrapped_as_leaf(f_args[i]))
+    leaves = [wrapped_as_leaf(a) for a in run_args]
     with eager_cast_cache(cache_flag):
         outs = list(flat_fn(*run_args))
+    check_leaf_flags(run_args, leaves)
     bases: list[Any] = [None] * meta.num_intermediate_bases
     for o, out_info in zip(outs, meta.output_info, strict=True):
         if out_info.output_type is OutputType.alias_of_intermediate_save_as_output:

@@ -33,6 +33,7 @@ from aotkit_schemas import AOTConfig, disk_cache_enabled
 from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
 from ._guards import describe_flat_input, input_key
 from ._module_attrs import TENSOR_ATTRIBUTE_MESSAGE, ModuleAttrs, rekeyed
+from ._module_structure import Rebuilding
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 from ._reparametrize import distinct_slot_names, reparametrized
@@ -318,18 +319,20 @@ class _StateSlots:
 class AOTModule(nn.Module):
     """The module returned by ``aot_module``: calls the compiled functional form of
     ``orig_module`` with its current parameters and buffers (read on every call, so
-    reassigned parameters are seen)."""
+    reassigned parameters are seen), compiled for its current tree of submodules (See Note
+    [Submodules, parameters and buffers added or removed later])."""
 
-    def __init__(
-        self, orig_module: nn.Module, compiled: Callable[..., Any], state: _StateSlots
-    ) -> None:
+    def __init__(self, orig_module: nn.Module, tree: Rebuilding) -> None:
         super().__init__()
         self.orig_module = orig_module
-        self._compiled = compiled
-        self._state = state
+        self._tree = tree
+        self._compiled, self._state = tree.compiled
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._compiled(*self._state.current(), *args, **kwargs)
+        compiled, state = self._tree.current()
+        if compiled is not self._compiled:
+            self._compiled, self._state = compiled, state
+        return compiled(*state.current(), *args, **kwargs)
 
 
 def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
@@ -341,6 +344,16 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     """
     if "num_params_buffers" in kwargs:
         raise TypeError("aot_module computes num_params_buffers itself; do not pass it")
+    # See Note [Submodules, parameters and buffers added or removed later]
+    tree = Rebuilding(mod, lambda: _compile_module(mod, args, dict(kwargs)))
+    return AOTModule(mod, tree)
+
+
+def _compile_module(
+    mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Callable[..., Any], _StateSlots]:
+    """aot_function over ``mod``'s functional form for its current tree: the compiled
+    function and the slots of its lifted parameters and buffers."""
     state = _StateSlots(mod)
     n_state = len(state.slots)
     names = [name for _, _, name in state.slots]
@@ -370,7 +383,7 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     cache.module_modes = lambda: (tuple([m.training for m in submodules]), attrs.values())
     cache.attr_names = attrs.watched_names
     cache.module_attrs = attrs
-    return AOTModule(mod, compiled, state)
+    return compiled, state
 
 
 compiled_module = aot_module

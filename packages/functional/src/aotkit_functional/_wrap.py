@@ -132,7 +132,7 @@ def _accepted(value: torch.Tensor) -> bool:
 def _leaf_functional(value: torch.Tensor) -> FunctionalTensor:
     """A FunctionalTensor of ``value`` that is an autograd leaf requiring grad."""
     inner = torch._to_functional_tensor(value)  # type: ignore[attr-defined]
-    mode = _detect_infra_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL)
+    mode = _detect_infra_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL)  # type: ignore[no-untyped-call]
     if mode is None:
         raise AssertionError("to_functional(leaf=True) runs inside a FunctionalTensorMode")
     with mode:  # size queries reach the mode, not the proxy mode (as in torch's wrapping)
