@@ -33,6 +33,7 @@ from aotkit_schemas import AOTConfig, disk_cache_enabled
 from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
 from ._guards import describe_flat_input, input_key
 from ._module_attrs import TENSOR_ATTRIBUTE_MESSAGE, ModuleAttrs, rekeyed
+from ._module_effects import ForwardEffects
 from ._module_structure import Rebuilding
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
@@ -129,6 +130,9 @@ class CompiledCache:
         self.module_modes: Callable[[], tuple[Any, ...]] | None = None
         self.attr_names: list[str] = []
         self.module_attrs: ModuleAttrs | None = None
+        # aot_module: attribute changes replayed after a call (See Note [Plain attributes a
+        # forward changes])
+        self.effects: ForwardEffects | None = None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
@@ -158,6 +162,10 @@ class CompiledCache:
         ):
             key, entry = self._lookup(key, flat_args, in_spec)
             self.last_key, self.last_entry = key, entry
+        if self.effects is not None:  # See Note [Plain attributes a forward changes]
+            out = entry[1].unflatten(entry[0](flat_args))
+            self.effects.after_call(entry[2])
+            return out
         return entry[1].unflatten(entry[0](flat_args))
 
     def _lookup(
@@ -179,6 +187,8 @@ class CompiledCache:
             attrs.begin_compile()
         entry = self._compile(flat_args, in_spec)
         grew = attrs is not None and attrs.end_compile(entry[2], entry[2].from_cache)
+        if self.effects is not None and attrs is not None:
+            self.effects.compiled(entry[2], attrs.watched_names)
         candidates.append(entry)
         self.entries.append(entry)
         if grew:
@@ -206,7 +216,7 @@ class CompiledCache:
             with leaf_inputs("leaves"):
                 runner, artifacts = compile_flat(
                     flat_fn, flat_args, self.cfg, cache_identity=identity,
-                    cache_sidecar=outputs,
+                    cache_sidecar=outputs if self.effects is None else self.effects.sidecar(outputs),
                 )
         except (AssertionError, RuntimeError) as e:
             if not is_captured_tensor_error(e):
@@ -326,12 +336,14 @@ class AOTModule(nn.Module):
         super().__init__()
         self.orig_module = orig_module
         self._tree = tree
-        self._compiled, self._state = tree.compiled
+        self._compiled, self._state, self._effects = tree.compiled
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        compiled, state = self._tree.current()
+        compiled, state, effects = self._tree.current()
         if compiled is not self._compiled:
-            self._compiled, self._state = compiled, state
+            self._compiled, self._state, self._effects = compiled, state, effects
+        if effects.eager:  # See Note [Plain attributes a forward changes]
+            return self.orig_module(*args, **kwargs)
         return compiled(*state.current(), *args, **kwargs)
 
 
@@ -351,10 +363,12 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
 
 def _compile_module(
     mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Callable[..., Any], _StateSlots]:
+) -> tuple[Callable[..., Any], _StateSlots, ForwardEffects]:
     """aot_function over ``mod``'s functional form for its current tree: the compiled
-    function and the slots of its lifted parameters and buffers."""
+    function, the slots of its lifted parameters and buffers, and the attribute changes
+    its entries replay (See Note [Plain attributes a forward changes])."""
     state = _StateSlots(mod)
+    effects = ForwardEffects()
     n_state = len(state.slots)
     names = [name for _, _, name in state.slots]
 
@@ -365,7 +379,7 @@ def _compile_module(
         # See Note [Contexts that span the backward trace]
         with entered_until_backward_traced(
             detect_attribute_assignment(
-                mod, AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, only_tracing=True
+                mod, AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, only_tracing=True, effects=effects
             ),
             reparametrized(mod, tensors, who="aot_module"),
             attrs.recording(),  # See Note [Recording module attribute reads]
@@ -383,7 +397,8 @@ def _compile_module(
     cache.module_modes = lambda: (tuple([m.training for m in submodules]), attrs.values())
     cache.attr_names = attrs.watched_names
     cache.module_attrs = attrs
-    return compiled, state
+    cache.effects = effects
+    return compiled, state, effects
 
 
 compiled_module = aot_module
