@@ -131,3 +131,71 @@ def test_torch_loses_the_side_effect() -> None:
     for _ in range(3):
         compiled(x)
     assert mod.history != [4, 4, 4]  # eager's after three calls
+
+
+# ---- tensors assigned to attributes: old-style weight_norm / spectral_norm (See Note
+# [Tensors a forward assigns to module attributes]) -------------------------------------
+
+
+def _normed(kind: str) -> nn.Module:
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # both are deprecated in favour of parametrizations
+        norm = getattr(nn.utils, kind)
+        return nn.Sequential(norm(nn.Linear(3, 4)), nn.Tanh(), norm(nn.Linear(4, 2)))
+
+
+def _normed_run(kind: str, compile_it: bool, train: bool, loss_on_weight: bool) -> list[Any]:
+    model = _normed(kind).train(train)
+    run = aot_module(model, nop) if compile_it else model
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    seen: list[Any] = []
+    for _ in range(3):
+        out = run(torch.randn(5, 3, generator=g))
+        loss = out.sum()
+        if loss_on_weight:  # backpropagate through the weight the call assigned
+            loss = loss + (model[0].weight ** 2).sum()
+        loss.backward()
+        seen += [out.detach(), model[0].weight.detach().clone(), model[2].weight.detach().clone()]
+        seen += [p.grad.clone() for p in model.parameters()]
+        seen += [b.clone() for b in model.buffers()]
+        assert type(model[0].weight) is torch.Tensor  # never a tracing tensor
+        opt.step()
+        opt.zero_grad()
+    return seen
+
+
+@pytest.mark.parametrize("loss_on_weight", [False, True], ids=["output_loss", "weight_loss"])
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("kind", ["weight_norm", "spectral_norm"])
+def test_old_style_norms_follow_eager(kind: str, train: bool, loss_on_weight: bool) -> None:
+    eager = _normed_run(kind, False, train, loss_on_weight)
+    ours = _normed_run(kind, True, train, loss_on_weight)
+    assert len(ours) == len(eager)
+    for a, b in zip(ours, eager, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("kind", ["weight_norm", "spectral_norm"])
+def test_torch_leaves_a_tracing_tensor_in_the_weight(kind: str) -> None:
+    model = _normed(kind)
+    torch_aot.aot_module(model, torch_nop)(torch.randn(5, 3))
+    assert type(model[0].weight) is not torch.Tensor  # a FunctionalTensor over a fake
+
+
+def test_entries_that_replay_attribute_changes_are_not_stored_on_disk(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aotkit_capture import cache_counters
+    from aotkit_schemas import disk_cache_config
+
+    monkeypatch.setattr(disk_cache_config, "enabled", True)
+    monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
+    stored = cache_counters["store"]
+    torch.manual_seed(0)
+    aot_module(Base().lin, nop)(torch.randn(4, 3))  # a plain module is stored
+    assert cache_counters["store"] == stored + 1
+    for make in (WritesOnly, lambda: _normed("weight_norm")):
+        aot_module(make(), nop)(torch.randn(4, 3) if make is WritesOnly else torch.randn(5, 3))
+    assert cache_counters["store"] == stored + 1

@@ -163,9 +163,7 @@ class CompiledCache:
             key, entry = self._lookup(key, flat_args, in_spec)
             self.last_key, self.last_entry = key, entry
         if self.effects is not None:  # See Note [Plain attributes a forward changes]
-            out = entry[1].unflatten(entry[0](flat_args))
-            self.effects.after_call(entry[2])
-            return out
+            return self.effects.after_call(entry[2], entry[1].unflatten(entry[0](flat_args)))
         return entry[1].unflatten(entry[0](flat_args))
 
     def _lookup(
@@ -384,7 +382,9 @@ def _compile_module(
             reparametrized(mod, tensors, who="aot_module"),
             attrs.recording(),  # See Note [Recording module attribute reads]
         ):
-            return mod(*flat[n_state:], **kw)
+            out = mod(*flat[n_state:], **kw)
+            # See Note [Tensors a forward assigns to module attributes]
+            return out, effects.take_assigned_tensors(mod)
 
     kwargs["num_params_buffers"] = n_state
     compiled = aot_function(functional_call, *args, **kwargs)

@@ -199,6 +199,10 @@ def detect_attribute_assignment(
                     del sub.__dict__[attr]
         if effects is not None and not failed:
             effects.recording = changes
+        if effects is not None:  # returned by the traced function instead: See Note
+            # [Tensors a forward assigns to module attributes]
+            returned = {path for _, _, path in effects.targets}
+            found = [path for path in found if path not in returned]
         if found and not failed:
             many = len(found) > 1
             raise TensorAttributeAssignedError(

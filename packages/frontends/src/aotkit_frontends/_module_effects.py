@@ -29,6 +29,21 @@
 # aot_module runs the module eagerly from then on, with a warning naming the attribute
 # (torch.compile falls back alike at its recompile limit). Move such bookkeeping out of
 # forward, or keep it in a buffer updated in place, to stay compiled.
+#
+# Note [Tensors a forward assigns to module attributes]
+# A forward (or a forward pre-hook) that assigns a tensor to a plain attribute
+# (``self.last = y.detach()``; old-style ``nn.utils.weight_norm`` and ``spectral_norm``,
+# whose pre-hook recomputes ``module.weight`` from ``weight_g``/``weight_v`` or
+# ``weight_orig`` on every call and assigns it) leaves a tracing tensor there while it is
+# traced, and the forward reads it back (the Linear reads ``self.weight``): inside the
+# trace it is an intermediate like any other. aot_module's traced function returns, next to
+# the forward's output, every tracing tensor left in a plain attribute of a submodule
+# (``take_assigned_tensors``, in module order); they are outputs of the graph (with
+# gradients, aliasing and views as for any output), the guard puts the attributes back
+# after the trace, and after each call the entry's outputs are assigned to those
+# attributes, as eager's assignment would have left them: ``module.weight`` after the call
+# is the weight that call computed, and a loss on it backpropagates through the compiled
+# backward to ``weight_g`` and ``weight_v``. Such an entry is not stored on disk either.
 """
 
 from __future__ import annotations
@@ -37,6 +52,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.nn as nn
 from aotkit_capture import Uncacheable
 
@@ -99,13 +115,20 @@ class ForwardEffects:
 
     def __init__(self) -> None:
         self.recording: list[Change] = []  # the running trace's (the last pass wins)
+        # the running trace's tensor assignments (See Note [Tensors a forward assigns to
+        # module attributes]): (module, attribute, path)
+        self.targets: list[tuple[nn.Module, str, str]] = []
         self._by_entry: dict[int, list[Change]] = {}
+        self._targets_by_entry: dict[int, list[tuple[nn.Module, str, str]]] = {}
         self._self_changing = 0
         self.eager = False  # past the limit: the module runs eagerly
 
     def compiled(self, artifacts: Any, watched: list[str]) -> None:
         """An entry was compiled: keep what its trace left."""
         changes, self.recording = self.recording, []
+        targets, self.targets = self.targets, []
+        if targets:
+            self._targets_by_entry[id(artifacts)] = targets
         if not changes:
             return
         self._by_entry[id(artifacts)] = changes
@@ -129,11 +152,33 @@ class ForwardEffects:
         have nothing to replay."""
         return _RefusingSidecar(outputs, self)
 
-    def after_call(self, artifacts: Any) -> None:
+    def take_assigned_tensors(self, mod: nn.Module) -> tuple[Any, ...]:
+        """The tracing tensors the forward left in plain attributes of ``mod``'s
+        submodules, in a fixed order, recorded as this trace's targets (See Note [Tensors
+        a forward assigns to module attributes])."""
+        from ._attribute_guard import is_tracing_tensor
+
+        targets, tensors = [], []
+        for name, sub in mod.named_modules():
+            for attr, value in sub.__dict__.items():
+                if isinstance(value, torch.Tensor) and is_tracing_tensor(value):
+                    targets.append((sub, attr, f"self.{name}.{attr}" if name else f"self.{attr}"))
+                    tensors.append(value)
+        self.targets = targets
+        return tuple(tensors)
+
+    def after_call(self, artifacts: Any, out: Any) -> Any:
+        """Replay the entry's attribute changes after its call; the user's output."""
+        user_out, tensors = out
+        targets = self._targets_by_entry.get(id(artifacts))
+        if targets:  # See Note [Tensors a forward assigns to module attributes]
+            for (module, attr, _), t in zip(targets, tensors, strict=True):
+                module.__dict__[attr] = t
         changes = self._by_entry.get(id(artifacts))
         if changes:
             for c in changes:
                 c.apply()
+        return user_out
 
 
 class _RefusingSidecar:
@@ -145,9 +190,12 @@ class _RefusingSidecar:
         self._effects = effects
 
     def to_json(self) -> Any:
-        if self._effects.recording:
-            names = ", ".join(f"self.{c.name}" for c in self._effects.recording)
-            raise Uncacheable(f"the forward changes the plain module attributes {names}")
+        if self._effects.recording or self._effects.targets:
+            names = ", ".join(
+                [f"self.{c.name}" for c in self._effects.recording]
+                + [path for _, _, path in self._effects.targets]
+            )
+            raise Uncacheable(f"the forward changes the module attributes {names}")
         return self._inner.to_json()
 
     def load_json(self, d: Any) -> None:
