@@ -384,7 +384,8 @@ def _compile_module(
         ):
             out = mod(*flat[n_state:], **kw)
             # See Note [Tensors a forward assigns to module attributes]
-            return out, effects.take_assigned_tensors(mod)
+            assigned = effects.take_assigned_tensors(mod)
+            return (out, assigned) if assigned else out
 
     kwargs["num_params_buffers"] = n_state
     compiled = aot_function(functional_call, *args, **kwargs)

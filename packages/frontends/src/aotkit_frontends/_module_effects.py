@@ -38,7 +38,8 @@
 # traced, and the forward reads it back (the Linear reads ``self.weight``): inside the
 # trace it is an intermediate like any other. aot_module's traced function returns, next to
 # the forward's output, every tracing tensor left in a plain attribute of a submodule
-# (``take_assigned_tensors``, in module order); they are outputs of the graph (with
+# (``take_assigned_tensors``, in module order; only when there are some, so every other
+# forward keeps its output structure and its fast unflatten); they are outputs of the graph (with
 # gradients, aliasing and views as for any output), the guard puts the attributes back
 # after the trace, and after each call the entry's outputs are assigned to those
 # attributes, as eager's assignment would have left them: ``module.weight`` after the call
@@ -169,16 +170,16 @@ class ForwardEffects:
 
     def after_call(self, artifacts: Any, out: Any) -> Any:
         """Replay the entry's attribute changes after its call; the user's output."""
-        user_out, tensors = out
         targets = self._targets_by_entry.get(id(artifacts))
         if targets:  # See Note [Tensors a forward assigns to module attributes]
+            out, tensors = out
             for (module, attr, _), t in zip(targets, tensors, strict=True):
                 module.__dict__[attr] = t
         changes = self._by_entry.get(id(artifacts))
         if changes:
             for c in changes:
                 c.apply()
-        return user_out
+        return out
 
 
 class _RefusingSidecar:
