@@ -94,7 +94,8 @@ def _item(attr: str, key: Any, value: Any) -> Change:
 CASES: list[tuple[str, type[nn.Module], list[Change], int]] = [
     # (name, module, changes in order, compilations expected in all)
     ("added_after_first_compile", ReadsMissing, [_set("scale", 3.0), _set("scale", 4.0)], 3),
-    ("class_default_shadowed_later", ClassDefault, [_set("scale", 3.0), _set("scale", 1.0)], 3),
+    # the instance's 1.0 is the class default's value: the first graph again
+    ("class_default_shadowed_later", ClassDefault, [_set("scale", 3.0), _set("scale", 1.0)], 2),
     # the key is the whole list: an item the graph did not read recompiles too
     ("list_item_set", ReadsList, [_item("scales", 1, 5.0), _item("scales", 0, 9.0)], 3),
     ("list_appended_unread", ReadsList, [lambda m: m.scales.append(7.0)], 2),
@@ -205,3 +206,170 @@ def test_unread_list_changes_never_recompile() -> None:
         compiled(torch.randn(4, 3))
         mod.history.append(float(i))
     assert len(cache.entries) == 1
+
+
+# ---- class attributes and the module tree (See Note [Class attributes read by forward]
+# and Note [Submodules, parameters and buffers added or removed later]) ------------------
+
+
+def _fresh_pair(make: Callable[[], nn.Module]) -> tuple[nn.Module, nn.Module, Any]:
+    torch.manual_seed(0)
+    eager = make()
+    mod = copy.deepcopy(eager)
+    return eager, mod, aot_module(mod, nop)
+
+
+def test_class_attribute_changed_after_compile() -> None:
+    class Scaled(Base):
+        scale = 2.0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.scale
+
+    eager, mod, compiled = _fresh_pair(Scaled)
+    _check(eager, mod, compiled)
+    Scaled.scale = 3.0  # both instances share the class
+    _check(eager, mod, compiled)
+    mod.scale = eager.scale = 3.0  # type: ignore[misc]  # the same value: no new graph
+    _check(eager, mod, compiled)
+    Scaled.scale = 5.0  # shadowed by the instances now: no change
+    _check(eager, mod, compiled)
+    del mod.scale, eager.scale
+    _check(eager, mod, compiled)  # 5.0 shows through
+    assert len(compiled._compiled._aotkit_cache.entries) == 3  # type: ignore[union-attr]
+
+
+def test_class_attribute_added_after_a_missing_read() -> None:
+    class Late(ReadsMissing):
+        pass
+
+    eager, mod, compiled = _fresh_pair(Late)
+    _check(eager, mod, compiled)
+    Late.scale = 4.0  # type: ignore[attr-defined]
+    _check(eager, mod, compiled)
+
+
+def test_torch_runs_the_stale_graph_for_a_class_attribute() -> None:
+    class Scaled(Base):
+        scale = 2.0
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.lin(x) * self.scale
+
+    mod = Scaled()
+    compiled = torch_aot.aot_module(mod, torch_nop)
+    x = torch.randn(4, 3)
+    compiled(x)
+    Scaled.scale = 3.0
+    assert not torch.allclose(compiled(x), mod(x))
+
+
+class Optional(Base):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.lin(x)
+        extra = getattr(self, "extra", None)
+        return extra(y) if extra is not None else y
+
+
+class Stack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([nn.Linear(3, 3), nn.Linear(3, 3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x
+
+
+class Scale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.k = 2.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.k
+
+
+def _both(eager: nn.Module, mod: nn.Module, change: Callable[[nn.Module], None]) -> None:
+    torch.manual_seed(1)
+    change(eager)
+    torch.manual_seed(1)
+    change(mod)
+
+
+@pytest.mark.parametrize("first_call", [True, False], ids=["after_a_call", "before_any_call"])
+def test_submodule_with_parameters_added_later(first_call: bool) -> None:
+    eager, mod, compiled = _fresh_pair(Optional)
+    if first_call:
+        _check(eager, mod, compiled)
+    _both(eager, mod, lambda m: setattr(m, "extra", nn.Linear(3, 3)))
+    _check(eager, mod, compiled)  # the new Linear's weight and bias get gradients too
+    _check(eager, mod, compiled)
+    _both(eager, mod, lambda m: delattr(m, "extra"))
+    _check(eager, mod, compiled)
+
+
+def test_submodule_without_parameters_added_then_its_attribute_changed() -> None:
+    eager, mod, compiled = _fresh_pair(Optional)
+    _check(eager, mod, compiled)
+    _both(eager, mod, lambda m: setattr(m, "extra", Scale()))
+    _check(eager, mod, compiled)
+    _both(eager, mod, lambda m: setattr(m.extra, "k", -3.0))
+    _check(eager, mod, compiled)
+
+
+def test_module_list_appended_and_shortened() -> None:
+    eager, mod, compiled = _fresh_pair(Stack)
+    _check(eager, mod, compiled)
+    _both(eager, mod, lambda m: m.layers.append(nn.Linear(3, 3)))
+    _check(eager, mod, compiled)
+    _both(eager, mod, lambda m: m.layers.__delitem__(0))
+    _check(eager, mod, compiled)
+    _both(eager, mod, lambda m: m.layers.__setitem__(0, nn.Linear(3, 3)))
+    _check(eager, mod, compiled)
+
+
+def test_going_back_to_an_earlier_tree_reuses_its_graphs() -> None:
+    eager, mod, compiled = _fresh_pair(Optional)
+    _check(eager, mod, compiled)
+    first = compiled._compiled  # type: ignore[union-attr]
+    _both(eager, mod, lambda m: setattr(m, "extra", Scale()))
+    _check(eager, mod, compiled)
+    assert compiled._compiled is not first  # type: ignore[union-attr]
+    _both(eager, mod, lambda m: delattr(m, "extra"))
+    _check(eager, mod, compiled)
+    assert compiled._compiled is first  # type: ignore[union-attr]
+    assert len(first._aotkit_cache.entries) == 1
+
+
+def test_buffer_registered_later() -> None:
+    class Shifted(Base):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = self.lin(x)
+            shift = getattr(self, "shift", None)
+            return y + shift if shift is not None else y
+
+    eager, mod, compiled = _fresh_pair(Shifted)
+    _check(eager, mod, compiled)
+    for m in (eager, mod):
+        m.register_buffer("shift", torch.full((3,), 0.5))
+    _check(eager, mod, compiled)
+
+
+def test_unrelated_modules_built_between_calls_do_not_recompile() -> None:
+    eager, mod, compiled = _fresh_pair(Stack)
+    _check(eager, mod, compiled)
+    nn.Linear(3, 3)  # bumps the registration counter: the tree is fingerprinted again
+    _check(eager, mod, compiled)
+    assert len(compiled._compiled._aotkit_cache.entries) == 1  # type: ignore[union-attr]
+
+
+def test_torch_runs_the_stale_graph_after_a_submodule_is_added() -> None:
+    torch.manual_seed(0)
+    mod = Optional()
+    compiled = torch_aot.aot_module(mod, torch_nop)
+    x = torch.randn(4, 3)
+    compiled(x)
+    mod.extra = Scale()
+    assert not torch.allclose(compiled(x), mod(x))

@@ -69,7 +69,9 @@ def test_shape_guard_failure(recompiles: pytest.LogCaptureFixture) -> None:
 
 def test_aliasing_and_dtype_diff() -> None:
     spec = object()
-    t32 = (torch.float32, torch.device("cpu"), torch.strided, torch.Size([4]), (1,), False, 0)
+    t32 = (
+        torch.float32, torch.device("cpu"), torch.strided, torch.Size([4]), (1,), False, False, 0
+    )
     t64 = (torch.float64, *t32[1:])
     old = (spec, (True, t32, t32, ()))
     new = (spec, (True, t64, t32, (("dup", 1, 0),)))

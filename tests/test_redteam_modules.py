@@ -160,13 +160,35 @@ class RemembersLast(nn.Module):
         return y
 
 
-def test_tensor_assigned_to_a_plain_attribute_raises_instead_of_leaking() -> None:
-    """Before, ``mod.last`` held a FunctionalTensor over a fake after every call."""
-    mod = RemembersLast()
+def test_tensor_assigned_to_a_plain_attribute_follows_eager() -> None:
+    """Before, ``mod.last`` held a FunctionalTensor over a fake after every call (then
+    aot_module raised); now it holds each call's value, as in eager (See Note [Tensors a
+    forward assigns to module attributes])."""
+    torch.manual_seed(0)
+    eager = RemembersLast()
+    mod = copy.deepcopy(eager)
     compiled = aot_module(mod, nop)
-    with pytest.raises(TensorAttributeAssignedError, match=r"self\.last.*register_buffer"):
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(compiled(x), eager(x))
+        assert type(mod.last) is torch.Tensor and not mod.last.requires_grad
+        torch.testing.assert_close(mod.last, eager.last)
+    assert len(compiled._compiled._aotkit_cache.entries) == 1  # type: ignore[union-attr]
+
+
+class AppendsTensors(RemembersLast):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x * self.w
+        self.history.append(y.detach())
+        return y
+
+
+def test_tensor_appended_to_a_list_attribute_raises_instead_of_leaking() -> None:
+    mod = AppendsTensors()
+    compiled = aot_module(mod, nop)
+    with pytest.raises(TensorAttributeAssignedError, match=r"self\.history\[0\].*register_buffer"):
         compiled(torch.randn(3))
-    assert mod.last is None
+    assert mod.history == []
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])

@@ -181,10 +181,11 @@ def leaf_made_inside_under_enable_grad_called_under_no_grad(x):
 # cast: its gradient is summed in bf16 before the one cast back, and a cast made before an
 # in-place update under no_grad is reused after it. make_fx turns the cache off while
 # tracing and functionalization's input wrappers are not autograd leaves (they carry an
-# error grad_fn), so the trace casts at every use.
+# error grad_fn), so torch's trace casts at every use. aotkit wraps leaf inputs as leaves and
+# turns the cache back on while the function runs (Note [Autocast's cast cache in the trace]).
 
 _AUTOCAST_CACHE = (
-    "autocast's cast cache: the trace casts a leaf weight at every use, eager once per "
+    "autocast's cast cache: torch's trace casts a leaf weight at every use, eager once per "
     "region (make_fx disables the cache, and the traced inputs are not autograd leaves)"
 )
 
@@ -196,7 +197,6 @@ def _square(n: int, grad: bool = False) -> torch.Tensor:
 @case(
     inputs=lambda: (_square(16), _square(16, grad=True)),
     torch_differs=TorchDiffers(_AUTOCAST_CACHE),
-    aotkit_bug=_AUTOCAST_CACHE + ": the weight's gradient is rounded differently",
 )
 def autocast_weight_used_twice(x, w):
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -208,7 +208,6 @@ def autocast_weight_used_twice(x, w):
 @case(
     inputs=lambda: (_square(16), _square(16, grad=True)),
     torch_differs=TorchDiffers(_AUTOCAST_CACHE),
-    aotkit_bug=_AUTOCAST_CACHE + ": eager reuses the stale cast after the in-place update",
 )
 def autocast_weight_updated_between_uses(x, w):
     with torch.autocast("cpu", dtype=torch.bfloat16):

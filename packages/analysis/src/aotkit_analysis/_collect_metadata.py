@@ -23,6 +23,7 @@ from aotkit_functional import (
     has_data_mutation,
     has_metadata_mutation,
     has_storage_mutation,
+    is_leaf_input,
     is_multi_output_view,
     mutations_hidden_from_autograd,
     mutations_under_no_grad_or_inference_mode,
@@ -266,7 +267,9 @@ def collect_metadata(
         if not isinstance(a, torch.Tensor):
             return a
         if id(a) not in wrapped:
-            wrapped[id(a)] = to_functional(a)
+            # See Note [Input wrappers that are autograd leaves] in aotkit_functional (not
+            # for callers that reject input mutations with their own error)
+            wrapped[id(a)] = to_functional(a, leaf=eager_leaf_checks and is_leaf_input(a))
         return wrapped[id(a)]
 
     # See Note [Effect tokens] in aotkit_capture: the effectful ops' tokens are discovered

@@ -52,6 +52,7 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_backends import inductor_settings_key
+from aotkit_functional import leaf_policy
 from aotkit_schemas import AOTConfig, compiler_cache_key
 from torch._subclasses.fake_tensor import FakeTensor
 
@@ -82,6 +83,9 @@ def ambient_state_key() -> tuple[Any, ...]:
     fconfig = torch._functorch.config
     return (
         *ambient_key(),
+        # which leaf inputs the traces wrap as leaves (Note [Input wrappers that are
+        # autograd leaves] in aotkit_functional)
+        leaf_policy(),
         torch.get_float32_matmul_precision(),
         # every functorch setting (the partitioners', donated buffers, tokens, tangents...)
         # and the symbolic-shapes settings a fresh ShapeEnv traces with: their config

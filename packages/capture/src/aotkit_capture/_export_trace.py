@@ -19,6 +19,7 @@ import torch
 import torch._functorch.config as functorch_config
 import torch.fx
 from aotkit_analysis import compute_input_layout
+from aotkit_functional import leaf_inputs
 from aotkit_schemas import AOTConfig, ViewAndMutationMeta
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -108,7 +109,8 @@ def trace_for_export(
     flat_args, repeated = _distinct_tensors(flat_args)
     # See Note [Generators created while tracing] and Note [Contexts that span the
     # backward trace]
-    with recording_generators() as created, new_compilation():
+    # See Note [Input wrappers that are autograd leaves] in aotkit_functional
+    with recording_generators() as created, new_compilation(), leaf_inputs("none"):
         traced = _trace_for_export(
             checking_input_rebinds(flat_fn), flat_args, cfg, validate, pre_dispatch, repeated
         )  # See Note [Input changes no graph records]

@@ -78,6 +78,13 @@ from torch.fx.experimental.proxy_tensor import (
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 
+from ._autocast_cache import (
+    caller_cache_flag,
+    cast_cache_leaf,
+    check_leaf_flags,
+    eager_cast_cache,
+    wrapped_as_leaf,
+)
 from ._device_queries import OWN_MODES, fake_device, is_device_query
 from ._grad_flags import FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
@@ -343,12 +350,15 @@ def trace_single_pass(
     def joint(primals: list[Any]) -> list[Any]:
         # See Note [Contexts that span the backward trace]
         with backward_spanning_scope(), natively_functionalized():
-            f_primals = [to_native_functional(p) for p in primals]
+            # See Note [Autocast's cast cache in the trace]
+            f_primals = [to_native_functional(p, leaf=cast_cache_leaf(p)) for p in primals]
             # See Note [Fake-cache keys of the single pass's forward]
             flags = None if decompositions else GradFlags()
             try:
-                with _FunctionGate(), _NativeOpGate(flags):
+                leaves = [wrapped_as_leaf(p) for p in f_primals]
+                with _FunctionGate(), _NativeOpGate(flags), eager_cast_cache(cache_flag):
                     outs = list(flat_fn(*f_primals))
+                check_leaf_flags(f_primals, leaves)
             finally:
                 if flags is not None:
                     flags.clear()
@@ -411,6 +421,7 @@ def trace_single_pass(
 
     saved_outputs = SavedOutputRecorder()
     primals = list(fake_args)
+    cache_flag = caller_cache_flag()
     try:
         with (
             torch.autograd.set_multithreading_enabled(False),

@@ -36,6 +36,13 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import get_proxy_mode, make_fx
 
 from ._autocast import backward_autocast
+from ._autocast_cache import (
+    caller_cache_flag,
+    cast_cache_leaf,
+    check_leaf_flags,
+    eager_cast_cache,
+    wrapped_as_leaf,
+)
 from ._backward_mutations import (
     BACKWARD_MUTATED_INPUTS_KEY,
     BACKWARD_TAG,
@@ -71,7 +78,7 @@ from ._unfunctionalized import trace_inference_unfunctionalized, trace_joint_unf
 FlatFn = Callable[..., Sequence[Any]]
 
 
-def _fresh_input(arg: Any, info: InputAliasInfo) -> Any:
+def _fresh_input(arg: Any, info: InputAliasInfo, leaf: bool = False) -> Any:
     """An input that autograd can differentiate through after the function mutates it.
 
     torch.autograd.grad must see the value *before* the mutation, so, as in torch, a
@@ -82,6 +89,10 @@ def _fresh_input(arg: Any, info: InputAliasInfo) -> Any:
     if not isinstance(arg, torch.Tensor):
         return arg
     if info.mutates_data and info.requires_grad:
+        if leaf:  # See Note [Autocast's cast cache in the trace]
+            with torch.no_grad():
+                fresh = _clone_keeping_strides(arg)
+            return fresh.requires_grad_(True)
         return _clone_keeping_strides(arg)
     if info.mutates_metadata:
         return arg.view(arg.shape)
@@ -118,14 +129,20 @@ def _forward_returns(
     meta: ViewAndMutationMeta,
     *,
     for_autograd: bool,
+    cache_flag: bool = False,
 ) -> tuple[list[Any], list[Any]]:
-    """Run ``flat_fn`` on functional inputs; return (forward returns, inputs as run)."""
+    """Run ``flat_fn`` on functional inputs; return (forward returns, inputs as run).
+    ``cache_flag``: autocast's cache flag of the caller (See Note [Autocast's cast cache
+    in the trace])."""
     run_args = list(f_args)
     if for_autograd:
         for i, info in enumerate(meta.input_info):
             if info.mutation_type is MutationType.MUTATED_OUT_GRAPH:
-                run_args[i] = _fresh_input(f_args[i], info)
-    outs = list(flat_fn(*run_args))
+                run_args[i] = _fresh_input(f_args[i], info, leaf=wrapped_as_leaf(f_args[i]))
+    leaves = [wrapped_as_leaf(a) for a in run_args]
+    with eager_cast_cache(cache_flag):
+        outs = list(flat_fn(*run_args))
+    check_leaf_flags(run_args, leaves)
     bases: list[Any] = [None] * meta.num_intermediate_bases
     for o, out_info in zip(outs, meta.output_info, strict=True):
         if out_info.output_type is OutputType.alias_of_intermediate_save_as_output:
@@ -175,8 +192,11 @@ def trace_inference(
         tokens, args = token_args[:n_tokens], token_args[n_tokens:]
         with functionalized(keep_input_mutations=meta.keep_input_mutations) as mode:
             install_tokens(mode, meta, [to_functional(t) for t in tokens])
-            f_args = [to_functional(a) for a in args]
-            returns, _ = _forward_returns(flat_fn, f_args, meta, for_autograd=False)
+            # See Note [Autocast's cast cache in the trace]
+            f_args = [to_functional(a, leaf=cast_cache_leaf(a)) for a in args]
+            returns, _ = _forward_returns(
+                flat_fn, f_args, meta, for_autograd=False, cache_flag=cache_flag
+            )
             # See Note [An output that is a kept-mutated input]
             returned_input = {
                 j: i for j, r in enumerate(returns) for i in in_graph if r is f_args[i]
@@ -191,6 +211,7 @@ def trace_inference(
         return (*out_tokens, *plain)
 
 
+    cache_flag = caller_cache_flag()
     # Traced under the caller's grad mode: a function that calls torch.autograd.grad
     # itself needs it, and nothing here differentiates the result.
     if subclasses is not None:
@@ -392,10 +413,13 @@ def _trace_joint(
         # See Note [Contexts that span the backward trace]
         with backward_spanning_scope(), ctx as mode:
             install_tokens(mode, meta, [wrap(t) for t in tokens])
-            f_primals = [wrap(p) for p in primals]
+            # See Note [Autocast's cast cache in the trace]
+            f_primals = [wrap(p, leaf=cast_cache_leaf(p)) for p in primals]
             f_tangents = [wrap(t) for t in tangents]
             with torch.enable_grad():
-                returns, _ = _forward_returns(flat_fn, f_primals, meta, for_autograd=True)
+                returns, run_args = _forward_returns(
+                    flat_fn, f_primals, meta, for_autograd=True, cache_flag=cache_flag
+                )
                 # See Note [Input mutations kept in the training graph]
                 kept_updates = [unwrap(f_primals[i]) for i in in_graph]
                 forward_marks.append(nodes_made_so_far())
@@ -411,7 +435,13 @@ def _trace_joint(
                 fw_tokens = forward_tokens(mode, meta)
                 begin_backward(mode)
                 try:
-                    grads, failed = primal_grads(outs_and_tangents, f_primals)
+                    # a leaf's fresh clone is the leaf autograd saw (Note [Autocast's cast
+                    # cache in the trace])
+                    grads, failed = primal_grads(
+                        outs_and_tangents,
+                        [r if r is not f and wrapped_as_leaf(f) else f
+                         for r, f in zip(run_args, f_primals, strict=True)],
+                    )
                 finally:
                     saved_outputs.close()
                 stale_tangents.update(failed)
@@ -444,6 +474,7 @@ def _trace_joint(
     saved_outputs = SavedOutputRecorder()
     primals = [*token_inputs(meta), *fake_args]
     tangents = list(meta.traced_tangents)
+    cache_flag = caller_cache_flag()
     # The joint is read as a graph (partitioned), never run: its Python code is generated
     # only if someone asks for it (``gm.code``, a call).
     to_trace: Callable[[list[Any], list[Any]], list[Any]] = joint

@@ -26,12 +26,15 @@ from aotkit_capture import (
     is_captured_tensor_error,
     program_fingerprint,
 )
+from aotkit_functional import leaf_inputs
 from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig, disk_cache_enabled
 
 from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
 from ._guards import describe_flat_input, input_key
 from ._module_attrs import TENSOR_ATTRIBUTE_MESSAGE, ModuleAttrs, rekeyed
+from ._module_effects import ForwardEffects
+from ._module_structure import Rebuilding
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 from ._reparametrize import distinct_slot_names, reparametrized
@@ -127,6 +130,9 @@ class CompiledCache:
         self.module_modes: Callable[[], tuple[Any, ...]] | None = None
         self.attr_names: list[str] = []
         self.module_attrs: ModuleAttrs | None = None
+        # aot_module: attribute changes replayed after a call (See Note [Plain attributes a
+        # forward changes])
+        self.effects: ForwardEffects | None = None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
@@ -156,6 +162,8 @@ class CompiledCache:
         ):
             key, entry = self._lookup(key, flat_args, in_spec)
             self.last_key, self.last_entry = key, entry
+        if self.effects is not None:  # See Note [Plain attributes a forward changes]
+            return self.effects.after_call(entry[2], entry[1].unflatten(entry[0](flat_args)))
         return entry[1].unflatten(entry[0](flat_args))
 
     def _lookup(
@@ -177,6 +185,8 @@ class CompiledCache:
             attrs.begin_compile()
         entry = self._compile(flat_args, in_spec)
         grew = attrs is not None and attrs.end_compile(entry[2], entry[2].from_cache)
+        if self.effects is not None and attrs is not None:
+            self.effects.compiled(entry[2], attrs.watched_names)
         candidates.append(entry)
         self.entries.append(entry)
         if grew:
@@ -199,9 +209,13 @@ class CompiledCache:
             identity = self.module_attrs.disk_identity(identity)
         try:
             # See Note [Generators created while tracing] in aotkit_capture
-            runner, artifacts = compile_flat(
-                flat_fn, flat_args, self.cfg, cache_identity=identity, cache_sidecar=outputs
-            )
+            # the key holds each input's leafness: See Note [Input wrappers that are
+            # autograd leaves] in aotkit_functional
+            with leaf_inputs("leaves"):
+                runner, artifacts = compile_flat(
+                    flat_fn, flat_args, self.cfg, cache_identity=identity,
+                    cache_sidecar=outputs if self.effects is None else self.effects.sidecar(outputs),
+                )
         except (AssertionError, RuntimeError) as e:
             if not is_captured_tensor_error(e):
                 raise
@@ -313,18 +327,22 @@ class _StateSlots:
 class AOTModule(nn.Module):
     """The module returned by ``aot_module``: calls the compiled functional form of
     ``orig_module`` with its current parameters and buffers (read on every call, so
-    reassigned parameters are seen)."""
+    reassigned parameters are seen), compiled for its current tree of submodules (See Note
+    [Submodules, parameters and buffers added or removed later])."""
 
-    def __init__(
-        self, orig_module: nn.Module, compiled: Callable[..., Any], state: _StateSlots
-    ) -> None:
+    def __init__(self, orig_module: nn.Module, tree: Rebuilding) -> None:
         super().__init__()
         self.orig_module = orig_module
-        self._compiled = compiled
-        self._state = state
+        self._tree = tree
+        self._compiled, self._state, self._effects = tree.compiled
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self._compiled(*self._state.current(), *args, **kwargs)
+        compiled, state, effects = self._tree.current()
+        if compiled is not self._compiled:
+            self._compiled, self._state, self._effects = compiled, state, effects
+        if effects.eager:  # See Note [Plain attributes a forward changes]
+            return self.orig_module(*args, **kwargs)
+        return compiled(*state.current(), *args, **kwargs)
 
 
 def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
@@ -336,7 +354,19 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     """
     if "num_params_buffers" in kwargs:
         raise TypeError("aot_module computes num_params_buffers itself; do not pass it")
+    # See Note [Submodules, parameters and buffers added or removed later]
+    tree = Rebuilding(mod, lambda: _compile_module(mod, args, dict(kwargs)))
+    return AOTModule(mod, tree)
+
+
+def _compile_module(
+    mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[Callable[..., Any], _StateSlots, ForwardEffects]:
+    """aot_function over ``mod``'s functional form for its current tree: the compiled
+    function, the slots of its lifted parameters and buffers, and the attribute changes
+    its entries replay (See Note [Plain attributes a forward changes])."""
     state = _StateSlots(mod)
+    effects = ForwardEffects()
     n_state = len(state.slots)
     names = [name for _, _, name in state.slots]
 
@@ -347,12 +377,15 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
         # See Note [Contexts that span the backward trace]
         with entered_until_backward_traced(
             detect_attribute_assignment(
-                mod, AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, only_tracing=True
+                mod, AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, only_tracing=True, effects=effects
             ),
             reparametrized(mod, tensors, who="aot_module"),
             attrs.recording(),  # See Note [Recording module attribute reads]
         ):
-            return mod(*flat[n_state:], **kw)
+            out = mod(*flat[n_state:], **kw)
+            # See Note [Tensors a forward assigns to module attributes]
+            assigned = effects.take_assigned_tensors(mod)
+            return (out, assigned) if assigned else out
 
     kwargs["num_params_buffers"] = n_state
     compiled = aot_function(functional_call, *args, **kwargs)
@@ -365,7 +398,8 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
     cache.module_modes = lambda: (tuple([m.training for m in submodules]), attrs.values())
     cache.attr_names = attrs.watched_names
     cache.module_attrs = attrs
-    return AOTModule(mod, compiled, state)
+    cache.effects = effects
+    return compiled, state, effects
 
 
 compiled_module = aot_module

@@ -28,6 +28,8 @@ import torch.nn as nn
 from torch._subclasses.fake_tensor import FakeTensor
 from torch._subclasses.functional_tensor import FunctionalTensor
 
+from ._module_effects import MISSING, Change, ForwardEffects, changed, copy_plain
+
 # nn.Module's own bookkeeping: hooks, parameter/buffer/submodule tables, training flag.
 _MODULE_INTERNALS = frozenset({
     "_backward_hooks", "_backward_pre_hooks", "_buffers", "_forward_hooks",
@@ -75,6 +77,38 @@ def _copy_containers(value: Any) -> Any:
     return value
 
 
+_ABSENT = object()
+
+
+def _restore(sub: nn.Module, attr: str, original: Any, copy: Any) -> None:
+    """Put ``original`` back under ``attr``; a list or dict with its contents of before
+    (``copy``), in place, so references to it stay valid."""
+    if type(original) is list:
+        original[:] = copy
+    elif type(original) is dict:
+        original.clear()
+        original.update(copy)
+    sub.__dict__[attr] = original
+
+
+def _record_change(
+    sub: nn.Module, name: str, attr: str, old: Any, original: Any, new: Any,
+    out: list[Change],
+) -> None:
+    """Record what the trace left in a plain attribute, if it changed it. See Note [Plain
+    attributes a forward changes]."""
+    from ._module_attrs import is_plain  # _module_attrs imports this module
+
+    if new is _ABSENT:
+        if old is not _ABSENT and is_plain(old):
+            out.append(Change(sub, attr, name, MISSING, False))
+        return
+    if not is_plain(new) or (old is not _ABSENT and not changed(old, new)):
+        return
+    in_place = new is original and type(new) in (list, dict)
+    out.append(Change(sub, attr, name, copy_plain(new), in_place))
+
+
 def _attributes(mod: nn.Module) -> dict[str, dict[str, Any]]:
     return {
         name: {k: v for k, v in sub.__dict__.items() if k not in _MODULE_INTERNALS}
@@ -117,16 +151,23 @@ def _assigned_tensors(
 
 @contextlib.contextmanager
 def detect_attribute_assignment(
-    mod: nn.Module, message: str = ASSIGNED_TENSOR_MESSAGE, *, only_tracing: bool = False
+    mod: nn.Module,
+    message: str = ASSIGNED_TENSOR_MESSAGE,
+    *,
+    only_tracing: bool = False,
+    effects: ForwardEffects | None = None,
 ) -> Iterator[None]:
     """Restore ``mod``'s plain attributes on exit; raise if a tensor was assigned to one.
 
     Raises TensorAttributeAssignedError naming every assigned attribute, e.g.
     ``self.block.cache`` or ``self.history[0]``. Attributes of other types are restored
     silently. With ``only_tracing``, only tensors a trace created (fake,
-    functional, meta) are reported; real tensors are restored silently.
+    functional, meta) are reported; real tensors are restored silently. With ``effects``,
+    the plain values the body left are recorded there (See Note [Plain attributes a forward
+    changes]); a list or dict changed in place gets its contents back in place.
     """
-    before = _copy_containers(_attributes(mod))
+    originals = _attributes(mod)
+    before = _copy_containers(originals)
     failed = False
     try:
         yield
@@ -136,18 +177,32 @@ def detect_attribute_assignment(
     finally:
         after = _attributes(mod)
         found: list[str] = []
+        changes: list[Change] = []
         for name, sub in mod.named_modules():
             old_attrs, new_attrs = before.get(name, {}), after.get(name, {})
+            orig_attrs = originals.get(name, {})
             prefix = f"self.{name}." if name else "self."
             for attr in sorted(old_attrs.keys() | new_attrs.keys()):
                 if attr not in _DERIVED_CACHES:
                     _assigned_tensors(
                         prefix + attr, old_attrs.get(attr), new_attrs.get(attr), found, only_tracing
                     )
+                    if effects is not None:
+                        _record_change(
+                            sub, f"{name}.{attr}" if name else attr, attr,
+                            old_attrs.get(attr, _ABSENT), orig_attrs.get(attr, _ABSENT),
+                            new_attrs.get(attr, _ABSENT), changes,
+                        )
                 if attr in old_attrs:
-                    sub.__dict__[attr] = old_attrs[attr]
+                    _restore(sub, attr, orig_attrs[attr], old_attrs[attr])
                 else:
                     del sub.__dict__[attr]
+        if effects is not None and not failed:
+            effects.recording = changes
+        if effects is not None:  # returned by the traced function instead: See Note
+            # [Tensors a forward assigns to module attributes]
+            returned = {path for _, _, path in effects.targets}
+            found = [path for path in found if path not in returned]
         if found and not failed:
             many = len(found) > 1
             raise TensorAttributeAssignedError(

@@ -5,7 +5,9 @@
 # its compiled entries on what the graph was specialized to, so that a graph is never run
 # on inputs it was not traced for:
 #   * the aliasing pattern of the inputs (Note [Duplicate and aliased inputs]);
-#   * grad mode and each tensor's requires_grad (they decide inference vs training);
+#   * grad mode and each tensor's requires_grad (they decide inference vs training), and
+#     whether one that requires grad is an autograd leaf and not a view (autocast caches
+#     its casts of those only: See Note [Autocast's cast cache in the trace]);
 #   * the rest of the ambient state that changes a trace: autocast, inference mode,
 #     deterministic algorithms, default dtype, ... (Note [Ambient state in the compile key]);
 #   * dtype, device, layout and number of dimensions of every tensor;
@@ -64,11 +66,14 @@ def input_key(
     parts: list[Any] = [ambient_key()]
     for i, a in enumerate(flat_args):
         if isinstance(a, torch.Tensor):
+            rg = a.requires_grad
+            # See Note [Autocast's cast cache in the trace] in aotkit_capture
+            leaf = rg and a.is_leaf and not a._is_view()
             if dynamic and i >= num_static:
-                parts.append((a.dtype, a.device, a.layout, a.dim(), a.requires_grad))
+                parts.append((a.dtype, a.device, a.layout, a.dim(), rg, leaf))
             else:
                 parts.append(
-                    (a.dtype, a.device, a.layout, a.shape, a.stride(), a.requires_grad,
+                    (a.dtype, a.device, a.layout, a.shape, a.stride(), rg, leaf,
                      a.storage_offset())
                 )
         elif type(a) is int:

@@ -164,6 +164,39 @@ def _is_not_plain(k: Any) -> bool:
 KeyPart = tuple[tuple[Any, ...], tuple[type, ...]]
 
 
+# Note [Class attributes read by forward]
+# ``class Block(nn.Module): scale = 2.0`` with ``x * self.scale`` in forward reads the class
+# attribute through the instance; ``Block.scale = 3.0`` later changes what eager computes
+# without touching the instance. A slot for a name read while the instance's ``__dict__``
+# lacks it (a class attribute, or nothing: ``getattr(self, "scale", 1.0)``), or for an
+# instance attribute whose class also defines a plain value of that name, therefore reads
+# the instance's ``__dict__`` first and then the class (``_InstanceThenClass``), as
+# attribute lookup does for plain values: a changed class value, or one added to the class
+# later, changes the key and recompiles. Other slots read the ``__dict__`` directly (the
+# common, faster case).
+
+
+class _InstanceThenClass:
+    """A slot table reading ``module.__dict__``, then the module's class."""
+
+    __slots__ = ("_cls", "_dict")
+
+    def __init__(self, module: nn.Module) -> None:
+        self._dict = module.__dict__
+        self._cls = type(module)
+
+    def get(self, attr: str, default: Any) -> Any:
+        value = self._dict.get(attr, _UNSET)
+        if value is _UNSET:
+            value = getattr(self._cls, attr, default)
+            if not is_plain(value) and _numpy_scalar(value) is None:
+                return default  # a method or descriptor: not a value the trace baked in
+        return value
+
+
+_UNSET = object()
+
+
 class ModuleAttrs:
     """The plain attribute slots of ``mod``'s submodules, the ones traces read, and the
     key part holding their current values. See Note [Plain module attributes in
@@ -195,13 +228,15 @@ class ModuleAttrs:
         self._pending: KeyPart | None = None
         self._snapshots: dict[int, KeyPart] = {}  # id(artifacts) -> every slot's key value
 
-    def _add_slot(self, sub_id: int, attr: str) -> int:
+    def _add_slot(self, sub_id: int, attr: str, *, with_class: bool = False) -> int:
         prefix, sub = self._subs[sub_id]
         slot = self._index[sub_id][attr] = len(self._slots)
         if _defines_getattribute(type(sub)):  # See Note [Recording module attribute reads]
             self._always.append(slot)
         self.names.append(f"{prefix}.{attr}" if prefix else attr)
-        self._slots.append((sub.__dict__, attr))
+        # See Note [Class attributes read by forward]
+        table: Any = _InstanceThenClass(sub) if with_class else sub.__dict__
+        self._slots.append((table, attr))
         return slot
 
     def _rescan(self) -> list[int]:
@@ -213,7 +248,9 @@ class ModuleAttrs:
                 if attr in own or attr in _MODULE_INTERNALS or attr in _DERIVED_CACHES:
                     continue
                 if is_plain(value):
-                    new.append(self._add_slot(sub_id, attr))
+                    # a class attribute of the name shows through once this one is deleted
+                    with_class = is_plain(getattr(type(sub), attr, None))
+                    new.append(self._add_slot(sub_id, attr, with_class=with_class))
         return new
 
     def _watch(self, slots: Any) -> bool:
@@ -248,7 +285,8 @@ class ModuleAttrs:
         later])."""
         for slot in self._rescan():
             d, k = self._slots[slot]
-            self._made_later[slot] = (_key_value(d[k]), type(d[k]))
+            value = d.get(k, _MISSING)
+            self._made_later[slot] = (_key_value(value), type(value))
         raw = [d.get(k, _MISSING) for d, k in self._slots]
         self._pending = (tuple(map(_key_value, raw)), tuple(map(type, raw)))
         self._reads = set()
@@ -289,13 +327,18 @@ class ModuleAttrs:
         missing = self._missing_reads()
         if missing:  # See Note [Module attributes added or mutated later]
             vals, types = pending
+            made = []
             for sub_id, attr in missing:
-                slot = self._add_slot(sub_id, attr)
-                self._made_later[slot] = (_MISSING, tuple)
+                # See Note [Class attributes read by forward]
+                slot = self._add_slot(sub_id, attr, with_class=True)
+                table, _ = self._slots[slot]
+                value = table.get(attr, _MISSING)
+                made.append((_key_value(value), tuple if value is _MISSING else type(value)))
+                self._made_later[slot] = made[-1]
                 reads.add(slot)
             pending = (
-                (*vals, *(_MISSING for _ in missing)),
-                (*types, *(tuple for _ in missing)),
+                (*vals, *(v for v, _ in made)),
+                (*types, *(t for _, t in made)),
             )
         reads.update(self._always)
         if restored:

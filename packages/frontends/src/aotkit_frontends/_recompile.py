@@ -30,8 +30,9 @@ from ._module_attrs import explain_attr_change
 
 # field names of a per-input tensor part, by its length (see input_key in _guards)
 _TENSOR_FIELDS: dict[int, tuple[str, ...]] = {
-    7: ("dtype", "device", "layout", "sizes", "strides", "requires_grad", "storage_offset"),
-    5: ("dtype", "device", "layout", "ndim", "requires_grad"),
+    8: ("dtype", "device", "layout", "sizes", "strides", "requires_grad",
+        "leaf that requires grad", "storage_offset"),
+    6: ("dtype", "device", "layout", "ndim", "requires_grad", "leaf that requires grad"),
 }
 # words for ambient parts, by position from the start of the key
 _AMBIENT_NAMES: dict[int, str] = {0: "grad mode"}

@@ -20,7 +20,10 @@ from ._wrap import has_metadata_mutation as has_metadata_mutation
 from ._wrap import has_storage_mutation as has_storage_mutation
 from ._wrap import input_was_changed as input_was_changed
 from ._wrap import is_functional as is_functional
+from ._wrap import is_leaf_input as is_leaf_input
 from ._wrap import is_multi_output_view as is_multi_output_view
+from ._wrap import leaf_inputs as leaf_inputs
+from ._wrap import leaf_policy as leaf_policy
 from ._wrap import mutation_count as mutation_count
 from ._wrap import mutations_hidden_from_autograd as mutations_hidden_from_autograd
 from ._wrap import (
@@ -48,7 +51,10 @@ __all__ = [
     "has_storage_mutation",
     "input_was_changed",
     "is_functional",
+    "is_leaf_input",
     "is_multi_output_view",
+    "leaf_inputs",
+    "leaf_policy",
     "mutable_ops_in_graph",
     "mutation_count",
     "mutations_hidden_from_autograd",

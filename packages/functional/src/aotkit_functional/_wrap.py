@@ -8,12 +8,13 @@ The query helpers take a FunctionalTensor produced by ``to_functional`` inside a
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
-from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import _detect_infra_mode, is_traceable_wrapper_subclass
 
 from . import _bindings
 from ._eager_layouts import EagerLayoutMode
@@ -43,12 +44,16 @@ def functionalized(
         yield mode
 
 
-def to_functional(value: Any) -> Any:
+def to_functional(value: Any, *, leaf: bool = False) -> Any:
     """Wrap a tensor in a FunctionalTensor; other values pass through unchanged.
 
-    See Note [Functionalization runs below subclasses].
+    See Note [Functionalization runs below subclasses]. With ``leaf``, a plain tensor that
+    requires grad is wrapped as an autograd leaf (See Note [Input wrappers that are
+    autograd leaves]).
     """
     if isinstance(value, torch.Tensor):
+        if leaf and value.requires_grad and not is_traceable_wrapper_subclass(value):
+            return _leaf_functional(value)
         if is_traceable_wrapper_subclass(value):
             attrs, ctx = value.__tensor_flatten__()
             inner = {a: to_functional(getattr(value, a)) for a in attrs}
@@ -57,6 +62,84 @@ def to_functional(value: Any) -> Any:
             return out
         return FunctionalTensor.to_functional(value)
     return value
+
+
+# Note [Input wrappers that are autograd leaves]
+# torch wraps a traced input that requires grad with ``_mirror_autograd_meta_to``, which
+# gives the wrapper an ``Error`` grad_fn: it is never a leaf, so the engine lets the traced
+# program write it in place. An input the user passed as a leaf (a weight) is a leaf in
+# eager, and one piece of eager behaviour depends on it: autocast caches its casts of
+# leaves only (See Note [Autocast's cast cache in the trace] in aotkit_capture). With
+# ``leaf=True`` the wrapper is made without mirroring (requires_grad False), then
+# ``requires_grad_()`` makes it a leaf that requires grad; ``torch.autograd.grad`` with
+# respect to it reads the gradient at its accumulator, as for any leaf. The inner
+# functional tensor keeps the mirrored metadata (autograd never sees it).
+#
+# Which inputs: a wrapper is a leaf only where the graph may assume the input is one on
+# every call. aot_function and aot_module key each input's leafness (their compile key,
+# and the on-disk key, hold ``is_leaf`` and ``_is_view``) and trace inside
+# ``leaf_inputs("leaves")``: every leaf input that requires grad. torch.compile's graphs
+# (through aot_module_simplified) are not re-checked for leafness on a later call (dynamo
+# guards the type ``nn.Parameter``, not ``is_leaf``), so by default only parameters are,
+# which are leaves by construction; a plain tensor is wrapped as torch wraps it. Export
+# traces use "none": they reject input mutations with torch's own errors, which a leaf
+# would preempt with autograd's.
+
+
+_LEAF_POLICY: contextvars.ContextVar[str] = contextvars.ContextVar(
+    "aotkit_leaf_policy", default="parameters"
+)
+
+
+@contextlib.contextmanager
+def leaf_inputs(policy: str) -> Iterator[None]:
+    """Inside, ``is_leaf_input`` accepts the leaf inputs of ``policy``: "leaves" (every
+    one: the caller's compile key holds each input's leafness), "parameters" (the default)
+    or "none" (See Note [Input wrappers that are autograd leaves])."""
+    if policy not in ("leaves", "parameters", "none"):
+        raise ValueError(f"unknown leaf input policy {policy!r}")
+    token = _LEAF_POLICY.set(policy)
+    try:
+        yield
+    finally:
+        _LEAF_POLICY.reset(token)
+
+
+def leaf_policy() -> str:
+    """The policy ``is_leaf_input`` follows now, for cache keys."""
+    return _LEAF_POLICY.get()
+
+
+def is_leaf_input(value: Any) -> bool:
+    """Whether ``value`` is an input to wrap with ``leaf=True``: a plain tensor that
+    requires grad, is an autograd leaf and is not a view, and that the current
+    ``leaf_inputs`` policy accepts (See Note [Input wrappers that are autograd leaves])."""
+    return (
+        isinstance(value, torch.Tensor)
+        and value.requires_grad
+        and value.is_leaf
+        and not value._is_view()
+        and not is_traceable_wrapper_subclass(value)
+        and _accepted(value)
+    )
+
+
+def _accepted(value: torch.Tensor) -> bool:
+    policy = _LEAF_POLICY.get()
+    return policy == "leaves" or (policy == "parameters" and isinstance(value, torch.nn.Parameter))
+
+
+def _leaf_functional(value: torch.Tensor) -> FunctionalTensor:
+    """A FunctionalTensor of ``value`` that is an autograd leaf requiring grad."""
+    inner = torch._to_functional_tensor(value)  # type: ignore[attr-defined]
+    mode = _detect_infra_mode(torch._C._TorchDispatchModeKey.FUNCTIONAL)  # type: ignore[no-untyped-call]
+    if mode is None:
+        raise AssertionError("to_functional(leaf=True) runs inside a FunctionalTensorMode")
+    with mode:  # size queries reach the mode, not the proxy mode (as in torch's wrapping)
+        torch._mirror_autograd_meta_to(value, inner)  # type: ignore[attr-defined]
+        out = FunctionalTensor(inner, mode)
+    out.requires_grad_(True)
+    return out
 
 
 # Note [Functionalization runs below subclasses]
@@ -263,12 +346,17 @@ def natively_functionalized() -> Iterator[None]:
         _bindings.disable_functionalization()
 
 
-def to_native_functional(value: Any) -> Any:
-    """Wrap a tensor in a C++ FunctionalTensorWrapper with the same autograd metadata."""
+def to_native_functional(value: Any, *, leaf: bool = False) -> Any:
+    """Wrap a tensor in a C++ FunctionalTensorWrapper with the same autograd metadata;
+    with ``leaf``, one that requires grad as an autograd leaf (See Note [Input wrappers
+    that are autograd leaves])."""
     if not isinstance(value, torch.Tensor):
         return value
     wrapped = _bindings.wrap_functional(value)
-    _bindings.mirror_autograd_meta(value, wrapped)
+    if leaf and value.requires_grad:
+        wrapped.requires_grad_(True)
+    else:
+        _bindings.mirror_autograd_meta(value, wrapped)
     return wrapped
 
 
