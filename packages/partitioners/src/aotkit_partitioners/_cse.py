@@ -149,7 +149,7 @@ def _storage(node: torch.fx.Node) -> Any:
     if not isinstance(val, torch.Tensor):
         return None
     try:
-        return StorageWeakRef(val.untyped_storage())
+        return StorageWeakRef(val.untyped_storage())  # type: ignore[no-untyped-call]
     except (NotImplementedError, RuntimeError):  # sparse, nested: no storage to compare
         return None
 
