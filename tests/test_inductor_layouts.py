@@ -239,3 +239,55 @@ def test_partitioner_without_the_keyword_still_works() -> None:
     out.sum().backward()
     assert calls == [1]
     torch.testing.assert_close(out, model(x))
+
+
+class _SavesAUserInput(nn.Module):
+    """Parameters, a buffer, and a plain user input saved for the backward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(6, 6)
+        self.register_buffer("scale", torch.full((6,), 0.5))
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return (self.lin(x) * self.scale).sin() * y
+
+
+@needs_inductor
+@pytest.mark.usefixtures("_no_caches")
+def test_static_input_idxs_match_torchs_inductor(monkeypatch: pytest.MonkeyPatch) -> None:
+    """See Note [Static inputs of aotkit_inductor's graphs]: Inductor is told the same static
+    inputs of the forward (parameters, buffers) and of the backward (saved values, not the
+    saved user input) as under torch's ``inductor`` backend."""
+    import torch._inductor.compile_fx as compile_fx
+
+    seen: list[tuple[str, list[int]]] = []
+    inner = compile_fx._compile_fx_inner
+
+    def recording(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        role = "backward" if kwargs.get("is_backward") else "forward"
+        seen.append((role, list(kwargs.get("static_input_idxs") or ())))
+        return inner(gm, example_inputs, **kwargs)
+
+    monkeypatch.setattr(compile_fx, "_compile_fx_inner", recording)
+    torch.manual_seed(0)
+    model = _SavesAUserInput()
+    x, y = torch.randn(3, 6), torch.randn(3, 6, requires_grad=True)
+    runs: dict[str, Any] = {}
+    for backend in ("inductor", "aotkit_inductor"):
+        torch._dynamo.reset()
+        seen.clear()
+        out = torch.compile(model, backend=backend)(x, y)
+        out.sum().backward()
+        runs[backend] = (out.detach(), y.grad.clone(), list(seen))  # type: ignore[union-attr]
+        y.grad = None
+        model.zero_grad(set_to_none=True)
+    torch.testing.assert_close(runs["aotkit_inductor"][0], runs["inductor"][0])
+    torch.testing.assert_close(runs["aotkit_inductor"][1], runs["inductor"][1])
+    assert [r for r, _ in runs["inductor"][2]] == ["forward", "backward"]
+    assert runs["aotkit_inductor"][2] == runs["inductor"][2]
+    assert runs["inductor"][2][0][1], "the parameters and buffer are static"
+    # the saved user input is not static in the backward: the static saved values are not
+    # all the leading inputs
+    bw_static = runs["inductor"][2][1][1]
+    assert bw_static != list(range(len(bw_static))), bw_static

@@ -110,6 +110,52 @@ def test_cse_merges_duplicates_and_is_pure() -> None:
     assert names <= {n.name for n in traced.gm.graph.nodes}
 
 
+def test_cse_merges_within_mutation_regions_only() -> None:
+    # See Note [CSE across mutations]: a graph that copies into an input (batch norm's
+    # running statistics) is still CSE'd, but never across the copy
+    graph = torch.fx.Graph()
+    buf, x = graph.placeholder("buf"), graph.placeholder("x")
+    before = graph.call_function(aten.add.Tensor, (buf, 1))
+    c1 = graph.call_function(aten.mul.Tensor, (x, 2))
+    c2 = graph.call_function(aten.mul.Tensor, (x, 2))
+    graph.call_function(aten.copy_.default, (buf, c1))
+    after = graph.call_function(aten.add.Tensor, (buf, 1))
+    f1 = graph.call_function(aten.full.default, ([], 0.0), {"dtype": torch.float32})
+    f2 = graph.call_function(aten.full.default, ([], 0.0), {"dtype": torch.float32})
+    add = aten.add.Tensor
+    outs = [(before, c2), (after, f1), (after, f2)]
+    graph.output(tuple(graph.call_function(add, pair) for pair in outs))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    out = cse(gm)
+    counts: dict[object, int] = {}
+    for t in _targets(out):
+        counts[t] = counts.get(t, 0) + 1
+    assert counts[aten.mul.Tensor] == 1  # merged: same region
+    assert counts[aten.full.default] == 1  # merged: same region, after the copy
+    # reads of buf before and after its copy_ (2), the outputs (3: never merged)
+    assert counts[aten.add.Tensor] == 5
+    assert counts[aten.copy_.default] == 1
+    b, xv = torch.zeros(3), torch.arange(3.0)
+    want = gm(b.clone(), xv)
+    got = out(b.clone(), xv)
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w)
+
+
+def test_cse_keeps_identical_outputs_apart() -> None:
+    # See Note [CSE keeps outputs apart]: eager returns two tensors, not one twice
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return x.sin(), x.sin(), torch.zeros(3) + 0, torch.zeros(3) + 0, x.cos() * 2
+
+    traced = make_joint(f, (torch.randn(3, requires_grad=True),), tracing_mode="real")
+    out = cse(traced.gm)
+    fwd = torch.utils._pytree.tree_leaves(out.graph.find_nodes(op="output")[0].args[0])[:5]
+    assert len(set(fwd)) == 5, fwd
+    want, got = run_joint(traced), out(*traced.inputs)  # cse's copy takes flat arguments
+    for w, g in zip(want, got, strict=True):
+        torch.testing.assert_close(g, w)
+
+
 def test_flow_problem_bans() -> None:
     info = prepare_joint(traced_case("conv_bn").gm, 1)
     problem = build_problem(info)

@@ -94,12 +94,35 @@ def compile_kwargs_for_role(gm: torch.fx.GraphModule, role: GraphRole | None) ->
     """``role_kwargs`` without preparing ``gm``: the keyword arguments alone."""
     if role is None:
         return {}
-    if role == "forward":
-        return {"is_inference": False}
-    if role == "inference":
-        return {"is_inference": True}
     placeholders = gm.graph.find_nodes(op="placeholder")
+    if role != "backward":
+        # See Note [Static inputs of aotkit_inductor's graphs]
+        static = [i for i, p in enumerate(placeholders) if p.meta.get(STATIC_INPUT_KEY) is True]
+        kwargs: dict[str, Any] = {"is_inference": role == "inference"}
+        if static:
+            kwargs["static_input_idxs"] = static
+        return kwargs
     static = [i for i, p in enumerate(placeholders) if not p.name.startswith("tangents")]
     if static != list(range(len(static))):
         static = []  # not the saved-then-tangents layout: check every input's alignment
+    # a saved plain user input gets a fresh tensor every call: the partitioner stamps it
+    # not static (unstamped saved values stay static, as in torch)
+    static = [i for i in static if placeholders[i].meta.get(STATIC_INPUT_KEY, True)]
     return {"is_backward": True, "static_input_idxs": static}
+
+
+# Note [Static inputs of aotkit_inductor's graphs]
+# torch's ``inductor`` backend tells Inductor which graph inputs keep their address from
+# call to call (``static_input_idxs``; See Note: [static_input_idxs semantics] in
+# torch/_inductor/compile_fx.py): for the forward and inference graphs, the parameters,
+# buffers and inputs dynamo marks static (AOTAutograd's ``static_input_indices``); for the
+# backward, the saved values (every input before the tangents) except saved plain user
+# inputs, which the partitioner stamps ``is_static_input = False``. Inductor skips the
+# alignment check and copy of static inputs (GPU) and lets CUDA graphs keep them in place
+# instead of copying them into graph-owned memory; the indices are also part of its FX
+# graph cache key. aotkit's partitioners stamp every primal placeholder of both graphs with
+# ``meta["is_static_input"]`` from the ``static_lifetime_input_indices`` they are given, so
+# the forward's static inputs are read off its placeholders. A graph without the stamps
+# (another partitioner, an inference graph) passes none: every input is then checked,
+# which is always safe; claiming an input static that is not would not be.
+STATIC_INPUT_KEY = "is_static_input"

@@ -213,8 +213,10 @@ def build_modules(
         extra_roots=bw_roots,
         late=late,
     )
-    static = set(static_lifetime_input_indices or ())
-    if static:
+    # stamped whenever the caller says which are static (an empty list too: then none is),
+    # as torch's partitioners do; read by aotkit_inductor's compilers
+    if static_lifetime_input_indices is not None:
+        static = set(static_lifetime_input_indices)
         primal_index = {p.name: i for i, p in enumerate(info.primals)}
         for graph in (fw_graph, bw_graph):
             for node in graph.find_nodes(op="placeholder"):
