@@ -52,7 +52,12 @@ def _run(
     return [o.detach() for o in outs], after, grads, graphs
 
 
-def _three_ways(f: Callable[..., Any], make_inputs: Callable[[], list[torch.Tensor]], **kw: Any) -> None:
+def _three_ways(
+    f: Callable[..., Any],
+    make_inputs: Callable[[], list[torch.Tensor]],
+    same_graphs: bool = True,
+    **kw: Any,
+) -> None:
     ref = _run(None, f, make_inputs)
     ours = _run(aotkit, f, make_inputs, **kw)
     theirs = _run(torch_compile, f, make_inputs, **kw)
@@ -60,7 +65,8 @@ def _three_ways(f: Callable[..., Any], make_inputs: Callable[[], list[torch.Tens
         for part in range(3):
             for a, b in zip(got[part], ref[part], strict=True):
                 torch.testing.assert_close(a, b)
-    assert ours[3] == theirs[3]
+    if same_graphs:
+        assert ours[3] == theirs[3]
     assert ours[3]  # a graph was compiled
 
 
@@ -155,10 +161,88 @@ def test_the_flag_is_part_of_the_disk_cache_key(tmp_path: Any, monkeypatch: pyte
     assert texts == [False, True, False]
 
 
-def test_effectful_ops_are_refused_with_the_remedy() -> None:
+def _well_conditioned() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(4, 4, generator=g) + 4 * torch.eye(4)
+    b = torch.randn(4, 2, generator=g)
+    return [a.requires_grad_(True), b.requires_grad_(True)]
+
+
+@pytest.mark.parametrize(
+    ("op", "same_training_graphs"),
+    [
+        (lambda a, b: torch.linalg.inv(a), True),
+        (lambda a, b: torch.linalg.solve(a, b), True),
+        (lambda a, b: torch.linalg.matrix_power(a, -2), True),
+        (lambda a, b: torch.linalg.lu_factor(a)[0], True),
+        # torch's default_partition also copies the check, and the mm and cholesky it
+        # reads, into the backward graph: the check runs twice per step. aotkit runs it
+        # once, in the forward, where eager runs it.
+        (lambda a, b: torch.linalg.cholesky(a @ a.mT), False),
+    ],
+    ids=["inv", "solve", "matrix_power", "lu_factor", "cholesky"],
+)
+def test_linalg_solvers_keep_their_error_check(
+    op: Callable[..., Any], same_training_graphs: bool
+) -> None:
+    """Every ``torch.linalg`` solver runs ``aten._linalg_check_errors``, an effectful op
+    (torch 2.15). Without functionalization it is traced as a plain call and kept in the
+    forward graph, as torch does; aotkit used to refuse these programs. Values, gradients
+    and graphs are compared with eager and torch (the test_aot_autograd_disable_
+    functionalization_exhaustive OpInfo tests of linalg.{cholesky, inv, lu_factor,
+    matrix_power, solve, tensorinv, tensorsolve})."""
+    _three_ways(op, _well_conditioned, same_training_graphs, keep_inference_input_mutations=True)
+    with torch.no_grad():  # inference graphs: torch's, node for node
+        _three_ways(op, _well_conditioned, keep_inference_input_mutations=True)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_linalg_error_on_a_singular_matrix_is_raised_as_in_eager(grad: bool) -> None:
+    """The kept check raises eager's error at run time, not a matrix of inf in silence."""
+    g = aotkit.aot_function(
+        torch.linalg.inv, aotkit.nop, partition_fn=aotkit.default_partition,
+        disable_functionalization=True,
+    )
+    g(torch.eye(3, requires_grad=grad))
+    singular = torch.zeros(3, 3, requires_grad=grad)
+    with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+        torch.linalg.inv(singular)
+    with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+        g(singular)
+
+
+def test_effectful_op_runs_once_per_call_as_in_eager(capfd: pytest.CaptureFixture[str]) -> None:
+    """An effectful op with no result (``aten._print``) stays in the forward graph, where it
+    ran, and runs once per call as in eager. (torch's default_partition copies it into the
+    backward graph as well, so one call and its backward print twice: not followed.)"""
+
     def f(x: torch.Tensor) -> torch.Tensor:
-        torch.ops.aten._print("hi")
+        torch.ops.aten._print("effect")
         return x * 2
 
+    def step(fn: Callable[..., Any]) -> str:
+        capfd.readouterr()
+        x = torch.ones(2, requires_grad=True)
+        fn(x).sum().backward()
+        assert x.grad is not None
+        torch.testing.assert_close(x.grad, torch.full((2,), 2.0))
+        return capfd.readouterr().out
+
+    eager = step(f)
+    assert eager.count("effect") == 1
+    g = aotkit.aot_function(
+        f, aotkit.nop, partition_fn=aotkit.default_partition, disable_functionalization=True
+    )
+    for _ in range(2):  # the first call compiles, the second reuses the graphs
+        assert step(g) == eager
+
+
+def test_subclass_inputs_are_refused_with_the_remedy() -> None:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    x = TwoTensor(torch.ones(2), torch.ones(2)).requires_grad_(True)
     with pytest.raises(AOTCompileError, match="disable_functionalization at False"):
-        aotkit.aot_function(f, aotkit.nop, disable_functionalization=True)(torch.ones(2, requires_grad=True))
+        aotkit.aot_function(f, aotkit.nop, disable_functionalization=True)(x)

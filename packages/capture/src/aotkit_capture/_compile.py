@@ -64,6 +64,7 @@ from ._static_inputs import partition_kwargs, static_lifetime_indices
 from ._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
 from ._subclass_calls import subclass_inference_call, subclass_training_call
 from ._trace import NATIVE_FALLBACK_KEY, STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
+from ._unfunctionalized import without_effect_tokens
 
 Runner = Callable[[list[Any]], Sequence[Any]]
 
@@ -174,7 +175,7 @@ def _metadata(
         static_input_indices=cfg.static_input_indices or (),
         eager_leaf_checks=not cfg.is_export,
     )
-    return meta, fake, traced_fn, fw_outs
+    return without_effect_tokens(meta, cfg.disable_functionalization), fake, traced_fn, fw_outs
 
 
 def _fakify(

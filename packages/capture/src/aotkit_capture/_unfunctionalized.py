@@ -18,12 +18,19 @@
 #     requires grad and was cloned first, the write back);
 #   * the partitioner keeps every mutating op (an op with a mutable schema is a side
 #     effect) in the graph that ran it.
-# Not supported, with an error naming the cause: tensor-subclass inputs and effectful ops
-# (the effect tokens come from functionalization), as torch drops both on this path.
+#   * effectful ops (``_linalg_check_errors``, which every ``torch.linalg`` solver runs, a
+#     custom op registered effectful) are traced as the plain calls they are, with no
+#     effect tokens: the tokens come from functionalization, and torch clears the ones the
+#     metadata pass found on this path. fx and the partitioners count an effectful op as
+#     impure, so it stays where it ran even though nothing reads its result, and the
+#     error it raises at run time (a singular matrix) is raised as in eager.
+# Not supported, with an error naming the cause: tensor-subclass inputs, whose desugaring
+# relies on functionalization (torch drops them on this path).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,12 +53,16 @@ def _check_supported(meta: ViewAndMutationMeta, subclasses: Any) -> None:
             "(their desugaring relies on functionalization). Remedy: leave "
             "disable_functionalization at False. See Note [Tracing without functionalization]."
         )
-    if meta.tokens:
-        raise AOTCompileError(
-            "disable_functionalization=True is not supported for programs with effectful "
-            "ops (their ordering tokens come from functionalization). Remedy: leave "
-            "disable_functionalization at False. See Note [Tracing without functionalization]."
-        )
+    # the caller cleared the tokens (``without_effect_tokens``)
+    assert not meta.tokens, "effect tokens on the disable_functionalization path"
+
+
+def without_effect_tokens(meta: ViewAndMutationMeta, disable_functionalization: bool) -> ViewAndMutationMeta:
+    """The metadata pass's ``meta`` for the graphs traced without functionalization: no
+    effect tokens. See Note [Tracing without functionalization]."""
+    if not disable_functionalization or not (meta.tokens or meta.num_backward_tokens):
+        return meta
+    return dataclasses.replace(meta, tokens={}, num_backward_tokens=0)
 
 
 def trace_joint_unfunctionalized(
@@ -124,6 +135,6 @@ def trace_inference_unfunctionalized(
         return tuple(returns)
 
     gm = make_fx(inference, decomposition_table=decompositions)(*fake_args)
-    gm.graph.eliminate_dead_code()  # mutating ops are impure: they stay
+    # no dead-code elimination: torch keeps the unused getitems too
     gm.recompile()
     return gm
