@@ -42,6 +42,11 @@
 #     that fails for that reason is redone once in a fake mode that has a ShapeEnv but
 #     keeps static shapes: no size becomes symbolic and no guard is added. With
 #     ``dynamic=True`` (or under dynamo) the fake mode has a ShapeEnv already.
+#   * The single pass wraps leaf inputs as autograd leaves (See Note [Autocast's cast
+#     cache in the trace]), which dynamo cannot fakify when ``torch.cond`` & co. trace
+#     their bodies: the attempt fails inside torch's HOP module before the HOP reaches
+#     the single pass's op gate. Such a failure is read as the HOP's (``hop_in_traceback``)
+#     and gives the same path reason as the gate's.
 #   * A HOP that torch cannot trace in a mode aotkit uses raises an error that names the
 #     HOP and what to do (``UnsupportedHigherOrderOperator``), never a bare dispatcher
 #     message.
@@ -60,6 +65,7 @@ from ._errors import AOTCompileError
 __all__ = [
     "UnsupportedHigherOrderOperatorError",
     "fake_mode_with_shape_env",
+    "hop_in_traceback",
     "needs_shape_env",
     "retry_with_shape_env",
     "unsupported_hop_error",
@@ -68,7 +74,9 @@ __all__ = [
 _NO_RULE = re.compile(
     r"There was no rule registered for HigherOrderOperator (\S+) and mode <([\w.]+)"
 )
-_NO_KERNEL = re.compile(r"could not find kernel for HigherOrderOperator (\S+) at dispatch key (\S+)")
+_NO_KERNEL = re.compile(
+    r"could not find kernel for HigherOrderOperator (\S+) at dispatch key (\S+)"
+)
 
 UNSUPPORTED_HOP_MESSAGE = (
     "aotkit cannot trace the higher-order operator {hop}: it has no rule for {where}, "
@@ -129,6 +137,26 @@ def unsupported_hop_error(e: BaseException) -> UnsupportedHigherOrderOperatorErr
     return UnsupportedHigherOrderOperatorError(
         UNSUPPORTED_HOP_MESSAGE.format(hop=hop, where=where, how=how), hop
     )
+
+
+_HOP_MODULE = "torch._higher_order_ops."
+
+
+def hop_in_traceback(e: BaseException) -> str | None:
+    """The name of the higher-order operator whose Python code ``e`` (or an exception it
+    was raised from) passed through, or None. See Note [Higher-order operators]."""
+    seen: set[int] = set()
+    err: BaseException | None = e
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        tb = err.__traceback__
+        while tb is not None:
+            module = tb.tb_frame.f_globals.get("__name__", "")
+            if isinstance(module, str) and module.startswith(_HOP_MODULE):
+                return module[len(_HOP_MODULE) :].split(".")[0]
+            tb = tb.tb_next
+        err = err.__cause__ or err.__context__
+    return None
 
 
 def retry_with_shape_env(

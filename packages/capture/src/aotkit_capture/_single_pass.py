@@ -88,6 +88,7 @@ from ._autocast_cache import (
 from ._device_queries import OWN_MODES, fake_device, is_device_query
 from ._grad_flags import FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
+from ._hops import hop_in_traceback
 from ._rng_replay import draws_randomness, keyed_rng, replay_rng_inplace, unkeyed_if_nothing_drew
 from ._saved_detaches import (
     SavedOutputRecorder,
@@ -357,7 +358,16 @@ def trace_single_pass(
             try:
                 leaves = [wrapped_as_leaf(p) for p in f_primals]
                 with _FunctionGate(), _NativeOpGate(flags), eager_cast_cache(cache_flag):
-                    outs = list(flat_fn(*f_primals))
+                    try:
+                        outs = list(flat_fn(*f_primals))
+                    except NotSinglePass:
+                        raise
+                    except Exception as e:
+                        hop = hop_in_traceback(e)  # See Note [Higher-order operators]
+                        if hop is None:
+                            raise
+                        reason = f"the higher-order operator {hop} needs the Python functionalization mode"
+                        raise NotSinglePass(reason) from e
                 check_leaf_flags(f_primals, leaves)
             finally:
                 if flags is not None:
