@@ -31,7 +31,7 @@ from ._disk_cache_key import Uncacheable, entry_key
 
 # the key's custom-operator part, imported with the cache rather than on the first key (a
 # warm start's first call would pay for the import)
-from ._disk_cache_ops import custom_ops_key as _custom_ops_key  # noqa: F401
+from ._disk_cache_ops import unkeyable_operators
 from ._disk_cache_symbolic import SymbolicForm
 from ._disk_cache_values import PY_SCALAR, LazyValueMeta
 

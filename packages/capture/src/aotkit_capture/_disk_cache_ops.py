@@ -19,8 +19,10 @@
 #   * the schema of every operator not defined by torch.
 # Python kernels the dispatcher holds but Python cannot read back (``Library.impl``,
 # ``torch.library.register_kernel``/``register_autograd`` on an operator not made with
-# ``custom_op``) cannot be keyed on their code: a compilation in a process that has one is
-# not cached (``Uncacheable``, named with the fix), wherever it was registered. Found by
+# ``custom_op``) cannot be keyed on their code: a compilation whose trace reaches one is
+# not cached (logged, named with the fix), wherever it was registered; the others are
+# (See Note [Refusing only the compilations that reach an unkeyable kernel] in
+# ``_disk_cache_reach``, ``unkeyable_operators``). Found by
 # ``torch._C._dispatch_dump``'s "registered at" sites: a kernel registered from torch's
 # own files (or torch's C++ build) is torch's, covered by torch's version.
 # Known gaps, documented: torch's own Python Meta kernels of ``aten`` ops, and every
@@ -41,7 +43,7 @@ from typing import Any
 import torch
 import torch.library
 
-from ._disk_cache_key import Uncacheable, _Fingerprint
+from ._disk_cache_key import _Fingerprint
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 # torch's helpers that register a user's function: the function is read back from
@@ -68,14 +70,27 @@ _refused: dict[str, str] = {}
 _dumps: dict[str, tuple[str, str, dict[str, str]]] = {}
 
 
-def custom_ops_key() -> list[Any]:
-    """The custom operators' part of the disk key. Raises Uncacheable. See Note [Custom
-    operators in the on-disk cache key]."""
+def unkeyable_operators() -> dict[str, str]:
+    """The operators (``"ns::name"``) that have a Python kernel the key cannot read back,
+    each with why and the fix. See Note [Refusing only the compilations that reach an
+    unkeyable kernel] in ``_disk_cache_reach``."""
     impls = torch.library._impls
     _classify_new(impls)
-    for k, reason in _refused.items():
-        if k in impls:  # still registered (a destroyed Library takes its kernels away)
-            raise Uncacheable(reason)
+    # still registered only (a destroyed Library takes its kernels away)
+    return {_operator_name(k): reason for k, reason in _refused.items() if k in impls}
+
+
+def _operator_name(registration: str) -> str:
+    """``"ns::name"`` of a ``torch.library._impls`` entry (``"ns/name.overload/Key"``)."""
+    ns, rest = registration.split("/", 1)
+    return f"{ns}::{rest.rsplit('/', 1)[0].split('.', 1)[0]}"
+
+
+def custom_ops_key() -> list[Any]:
+    """The custom operators' part of the disk key: the code of every kernel it can read
+    back. See Note [Custom operators in the on-disk cache key]; the kernels it cannot read
+    are ``unkeyable_operators``'."""
+    _classify_new(torch.library._impls)
     from torch._library.custom_ops import OPDEFS
     from torch._library.simple_registry import singleton
 
