@@ -28,10 +28,6 @@ from ._disk_cache_artifacts import FIELD as ARTIFACT_KEYS
 from ._disk_cache_artifacts import artifact_keys_json, compiled_graphs
 from ._disk_cache_hops import tokens_from_json, tokens_to_json
 from ._disk_cache_key import Uncacheable, entry_key
-
-# the key's custom-operator part, imported with the cache rather than on the first key (a
-# warm start's first call would pay for the import)
-from ._disk_cache_ops import unkeyable_operators
 from ._disk_cache_symbolic import SymbolicForm
 from ._disk_cache_values import PY_SCALAR, LazyValueMeta
 
