@@ -90,7 +90,8 @@ def _stop() -> frozenset[str]:
         name
         for thread in records
         for r in thread
-        if r.kind() == "push" and "::" in (name := r.name())
+        if r.kind() == "push"  # type: ignore[comparison-overlap]  # a str at run time
+        and "::" in (name := r.name())
     )
 
 
