@@ -31,10 +31,11 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.fixture(autouse=True, scope="module")
 def _library() -> Iterator[None]:
-    # Library.impl kernels make every compilation of the process uncacheable on disk while
-    # they are registered (See Note [Custom operators in the on-disk cache key]): this
-    # module's are taken away after its tests, so that other tests in the same worker
-    # process keep the disk cache
+    # while Library.impl kernels are registered, every compilation of the process records
+    # the operators it calls and entries stored without that list are traced again (See
+    # Note [Refusing only the compilations that reach an unkeyable kernel]): this module's
+    # are taken away after its tests, so that other tests in the same worker process keep
+    # their disk cache hits
     lib = torch.library.Library("aotkit_test_misc", "FRAGMENT")
     lib.define("defined(Tensor x) -> Tensor")
     lib.impl("defined", lambda x: x.detach().cos(), "CPU")

@@ -1,7 +1,9 @@
 """Custom operators and the on-disk cache: a cold run, then a warm run in a fresh process
 whose operator code changed in between, must not reuse the stale graph (the results equal
 eager's with the new code); unchanged code is a hit. A Python kernel the cache cannot key
-(``Library.impl``) is not stored. See Note [Custom operators in the on-disk cache key]."""
+(``Library.impl``) stops caching only the compilations that reach it. See Note [Custom
+operators in the on-disk cache key] and Note [Refusing only the compilations that reach an
+unkeyable kernel]."""
 
 from __future__ import annotations
 
@@ -190,19 +192,112 @@ def test_a_library_impl_kernel_is_not_stored(tmp_path: Path) -> None:
     assert not list((tmp_path / "cache").rglob("*.json"))
 
 
-def test_custom_ops_key_names_the_kernel_it_cannot_key() -> None:
+def test_unkeyable_operators_names_the_kernel_the_key_cannot_read() -> None:
+    # the refusal moved from the key (which refused every compilation of the process) to
+    # the compilations that reach the operator: See Note [Refusing only the compilations
+    # that reach an unkeyable kernel]
     import torch
-    from aotkit_capture._disk_cache_key import Uncacheable
-    from aotkit_capture._disk_cache_ops import custom_ops_key
+    from aotkit_capture._disk_cache_ops import custom_ops_key, unkeyable_operators
 
     before = custom_ops_key()
+    assert "cachetest_inproc::f" not in unkeyable_operators()
     lib = torch.library.Library("cachetest_inproc", "FRAGMENT")
     try:
         lib.define("f(Tensor x) -> Tensor")
         lib.impl("f", lambda x: x + 1, "CompositeImplicitAutograd")
-        with pytest.raises(Uncacheable, match="cachetest_inproc::f has a Python CompositeImplicitAutograd"):
-            custom_ops_key()
+        reason = unkeyable_operators()["cachetest_inproc::f"]
+        assert "cachetest_inproc::f has a Python CompositeImplicitAutograd" in reason
+        assert "torch.library.custom_op" in reason
     finally:
         lib._destroy()
-    after = custom_ops_key()  # the kernel is gone: keyed again (its schema may stay listed)
+    # the kernel is gone: nothing to refuse, keyed as before (its schema may stay listed)
+    assert "cachetest_inproc::f" not in unkeyable_operators()
+    after = custom_ops_key()
     assert [p for p in after if p[0] != "schema"] == [p for p in before if p[0] != "schema"]
+
+
+UNUSED_IMPL = '''
+_lib = torch.library.Library("cachetest", "FRAGMENT")
+_lib.define("twice(Tensor x) -> Tensor")
+_lib.impl("twice", lambda x: x * {FWD}, "CompositeImplicitAutograd")
+
+def op(x):
+    return x * {BWD}
+'''
+
+# aten::matmul overridden in Python: reached only from at::linear's C++ kernel (a 3-d
+# input without bias), never named by the program, never in the graph
+MATMUL_OVERRIDE = '''
+import warnings
+warnings.filterwarnings("ignore")
+_lib = torch.library.Library("aten", "IMPL")
+
+def _matmul(a, b):
+    return torch.mm(a.reshape(-1, a.shape[-1]), b).reshape(*a.shape[:-1], b.shape[-1]) * {FWD}
+
+if {REG}:
+    _lib.impl("matmul", _matmul, "CompositeImplicitAutograd")
+
+def op(x):
+    if {BWD}:
+        return torch.nn.functional.linear(x.unsqueeze(0), torch.eye(3)).squeeze(0)
+    return x * 2
+'''
+
+
+def test_a_library_impl_kernel_the_program_does_not_reach_does_not_stop_caching(
+    tmp_path: Path,
+) -> None:
+    # See Note [Refusing only the compilations that reach an unkeyable kernel]
+    cold = _run(tmp_path, _fill(UNUSED_IMPL, FWD=2.0, BWD=3.0), "aot_function")
+    _check(cold)
+    assert cold["counters"].get("store", 0) == 1 and "uncacheable" not in cold["counters"], cold
+    # the unreached kernel's code changes: nothing the entry depends on
+    warm = _run(tmp_path, _fill(UNUSED_IMPL, FWD=5.0, BWD=3.0), "aot_function")
+    _check(warm)
+    assert warm["counters"].get("hit", 0) == 1 and warm["counters"].get("trace", 0) == 0, warm
+    assert warm["got"] == cold["got"]
+    # the program's own code changes: traced again, as always
+    changed = _run(tmp_path, _fill(UNUSED_IMPL, FWD=5.0, BWD=4.0), "aot_function")
+    _check(changed)
+    assert changed["counters"].get("trace", 0) == 1 and changed["got"] != cold["got"]
+
+
+def test_an_entry_stored_without_the_operator_list_is_traced_again(tmp_path: Path) -> None:
+    # a process without unkeyable kernels stores no list of the operators its trace called;
+    # a process with one (the same key: an aten override adds nothing to it) cannot tell
+    # whether the entry reaches it: it traces, and stores the entry again with its list,
+    # which the next such process uses
+    plain = _run(tmp_path, _fill(MATMUL_OVERRIDE, FWD=2.0, BWD=0, REG=0), "aot_function")
+    _check(plain)
+    assert plain["counters"].get("store", 0) == 1, plain
+    first = _run(tmp_path, _fill(MATMUL_OVERRIDE, FWD=2.0, BWD=0, REG=1), "aot_function")
+    _check(first)
+    assert first["counters"].get("trace", 0) == 1 and first["counters"].get("hit", 0) == 0, first
+    assert first["counters"].get("unkeyable_reach", 0) == 1 and first["counters"].get("store") == 1
+    second = _run(tmp_path, _fill(MATMUL_OVERRIDE, FWD=3.0, BWD=0, REG=1), "aot_function")
+    _check(second)
+    assert second["counters"].get("hit", 0) == 1 and second["counters"].get("trace", 0) == 0
+    again = _run(tmp_path, _fill(MATMUL_OVERRIDE, FWD=2.0, BWD=0, REG=0), "aot_function")
+    assert again["counters"].get("hit", 0) == 1 and again["got"] == plain["got"]  # list ignored
+
+
+def test_an_aten_override_reached_only_from_cpp_is_refused(tmp_path: Path) -> None:
+    # at::linear calls at::matmul in C++: the override runs although neither the program
+    # nor the graph names matmul; the trace's operator record sees the call. (aot_function
+    # only: under torch.compile, dynamo itself, even with backend="eager", runs the 3-d
+    # linear without the Python override, unlike eager)
+    mode = "aot_function"
+    cold = _run(tmp_path, _fill(MATMUL_OVERRIDE, FWD=2.0, BWD=1, REG=1), mode)
+    _check(cold)
+    assert cold["counters"].get("store", 0) == 0 and cold["counters"].get("uncacheable", 0) >= 1
+    changed = _run(tmp_path, _fill(MATMUL_OVERRIDE, FWD=4.0, BWD=1, REG=1), mode)
+    _check(changed)
+    assert changed["counters"].get("hit", 0) == 0 and changed["got"] != cold["got"]
+    # the same process shape, with a program that does not reach matmul: cached
+    unused = _run(tmp_path, _fill(MATMUL_OVERRIDE, FWD=2.0, BWD=0, REG=1), mode)
+    _check(unused)
+    assert unused["counters"].get("store", 0) >= 1, unused
+    warm = _run(tmp_path, _fill(MATMUL_OVERRIDE, FWD=4.0, BWD=0, REG=1), mode)
+    _check(warm)
+    assert warm["counters"].get("hit", 0) >= 1 and warm["counters"].get("trace", 0) == 0, warm

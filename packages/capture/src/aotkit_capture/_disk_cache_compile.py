@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -27,8 +28,21 @@ from ._disk_cache import cache_counters, reject_payload, variants
 from ._disk_cache import load as cache_load
 from ._disk_cache import store as cache_store
 from ._disk_cache_artifacts import apply_artifact_keys, compiled_graphs, keep_artifact_keys_current
-from ._disk_cache_entry import CacheSidecar, cache_key_or_none, entry_payload, read_entry
-from ._disk_cache_key import symbolic_kind
+from ._disk_cache_entry import (
+    CacheSidecar,
+    cache_key_or_none,
+    entry_payload,
+    read_entry,
+)
+from ._disk_cache_key import aotkit_source_hash, symbolic_kind
+
+# imported with the cache, not at the first key (a warm start's first call paid for it)
+from ._disk_cache_ops import unkeyable_operators
+from ._disk_cache_reach import (
+    keep_called_operators,
+    recording_called_operators,
+    stored_refusal,
+)
 from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, restored_guard
 from ._fakify import construct_fake_mode
 from ._gc import deferred_full_collections
@@ -44,6 +58,13 @@ from ._requires_grad_changes import (
 )
 from ._trace import FlatFn
 from ._trace_scope import new_compilation
+
+log = logging.getLogger(__name__)
+
+# The hash of aotkit's sources (part of every key) describes the sources the process
+# started with: taken when the cache is imported, with aotkit's modules, rather than at
+# the first key, where it cost a warm start's first call about 0.6 ms of file stats.
+aotkit_source_hash()
 
 
 def compile_flat(
@@ -76,8 +97,10 @@ def _compile_flat(
 ) -> tuple[Runner, CompiledArtifacts]:
     key = cache_key_or_none(cache_identity, flat_args, cfg)
     symbolic = key is not None and symbolic_kind(flat_args, cfg) is not None
+    # See Note [Refusing only the compilations that reach an unkeyable kernel]
+    unkeyable = unkeyable_operators() if key is not None else {}
     if key is not None:
-        restored = _lookup(key, symbolic, flat_args, cfg, cache_sidecar)
+        restored = _lookup(key, symbolic, flat_args, cfg, cache_sidecar, unkeyable)
         if restored is not None:
             cache_counters["hit"] += 1
             return restored
@@ -90,7 +113,11 @@ def _compile_flat(
         traced = cumulative_batch_norm(checking_input_rebinds(flat_fn, changes, watch_all))
         return compile_traced(traced, flat_args, cfg)
 
-    with recording_generators() as created, new_compilation():
+    with (
+        recording_generators() as created,
+        new_compilation(),
+        recording_called_operators(bool(unkeyable)) as called,
+    ):
         # See Note [Inputs whose requires_grad the function changes]
         runner, artifacts, changes = compile_following_flips(compile_one, flat_args)
         artifacts.requires_grad_changes = tuple(sorted(changes.items()))
@@ -100,6 +127,8 @@ def _compile_flat(
     ))
     if key is not None:
         payload = entry_payload(artifacts, cache_sidecar, symbolic)
+        if payload is not None and unkeyable:
+            payload = keep_called_operators(payload, called, unkeyable)
         if payload is not None:
             name = key
             if "shape" in payload:  # See Note [Dynamic shapes in the on-disk cache]
@@ -116,17 +145,20 @@ def _lookup(
     flat_args: Sequence[Any],
     cfg: AOTConfig,
     sidecar: CacheSidecar | None,
+    unkeyable: dict[str, str],
 ) -> tuple[Runner, CompiledArtifacts] | None:
     if not symbolic:
         payload = cache_load(key)
-        return None if payload is None else _restore(key, payload, flat_args, cfg, sidecar)
+        if payload is None or _refused(payload, unkeyable):
+            return None
+        return _restore(key, payload, flat_args, cfg, sidecar)
     # See Note [Dynamic shapes in the on-disk cache]: the newest entry whose facts hold
     names = variants(key)
     if not names:
         cache_counters["miss"] += 1
     for name in names:
         payload = cache_load(name)
-        if payload is None:
+        if payload is None or _refused(payload, unkeyable):
             continue
         try:
             applies = "shape" in payload and check_facts(payload["shape"], flat_args)
@@ -140,6 +172,19 @@ def _lookup(
         if restored is not None:
             return restored
     return None
+
+
+def _refused(payload: dict[str, Any], unkeyable: dict[str, str]) -> bool:
+    """Whether the entry's trace may reach an unkeyable kernel (logged, counted). See
+    Note [Refusing only the compilations that reach an unkeyable kernel]."""
+    if not unkeyable:
+        return False
+    reason = stored_refusal(payload, unkeyable)
+    if reason is None:
+        return False
+    cache_counters["unkeyable_reach"] += 1
+    log.debug("aotkit cache: not using this entry: %s", reason)
+    return True
 
 
 def _restore(

@@ -19,8 +19,10 @@
 #   * the schema of every operator not defined by torch.
 # Python kernels the dispatcher holds but Python cannot read back (``Library.impl``,
 # ``torch.library.register_kernel``/``register_autograd`` on an operator not made with
-# ``custom_op``) cannot be keyed on their code: a compilation in a process that has one is
-# not cached (``Uncacheable``, named with the fix), wherever it was registered. Found by
+# ``custom_op``) cannot be keyed on their code: a compilation whose trace reaches one is
+# not cached (logged, named with the fix), wherever it was registered; the others are
+# (See Note [Refusing only the compilations that reach an unkeyable kernel] in
+# ``_disk_cache_reach``, ``unkeyable_operators``). Found by
 # ``torch._C._dispatch_dump``'s "registered at" sites: a kernel registered from torch's
 # own files (or torch's C++ build) is torch's, covered by torch's version.
 # Known gaps, documented: torch's own Python Meta kernels of ``aten`` ops, and every
@@ -41,7 +43,7 @@ from typing import Any
 import torch
 import torch.library
 
-from ._disk_cache_key import Uncacheable, _Fingerprint
+from ._disk_cache_key import _Fingerprint
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 # torch's helpers that register a user's function: the function is read back from
@@ -55,6 +57,7 @@ _TORCH_NAMESPACES = frozenset({
     "symm_mem", "inductor", "mempool", "onnx", "onnx_symbolic", "flex_lib", "flex_gemm",
     "coor", "_native", "_inductor_test", "export", "debug_mode_ops", "higher_order",
 })
+_TORCH_PREFIXES = tuple(f"{ns}/" for ns in _TORCH_NAMESPACES)
 _LINE = re.compile(r"(\w+)(?:\[alias\])?: registered at (.*):\d+ :: \(none\)")
 _DEF = re.compile(r"^debug: registered at (.*):\d+$", re.M)
 _SCHEMA = re.compile(r"^schema: (.*)$", re.M)
@@ -67,38 +70,44 @@ _refused: dict[str, str] = {}
 _dumps: dict[str, tuple[str, str, dict[str, str]]] = {}
 
 
-def custom_ops_key() -> list[Any]:
-    """The custom operators' part of the disk key. Raises Uncacheable. See Note [Custom
-    operators in the on-disk cache key]."""
+def unkeyable_operators() -> dict[str, str]:
+    """The operators (``"ns::name"``) that have a Python kernel the key cannot read back,
+    each with why and the fix. See Note [Refusing only the compilations that reach an
+    unkeyable kernel] in ``_disk_cache_reach``."""
     impls = torch.library._impls
-    new = impls - _seen
-    if new:
-        # torch's own namespaces' kernels (aten's: its Meta kernels) need no look
-        for k in sorted(
-            k for k in new
-            if k.partition("/")[0] not in _TORCH_NAMESPACES
-            or (k.startswith("aten/") and not k.endswith("/Meta"))
-        ):
-            reason = _classify(k)
-            if reason is not None:
-                _refused[k] = reason
-        _seen.update(new)
-    for k, reason in _refused.items():
-        if k in impls:  # still registered (a destroyed Library takes its kernels away)
-            raise Uncacheable(reason)
+    _classify_new(impls)
+    # still registered only (a destroyed Library takes its kernels away)
+    return {_operator_name(k): reason for k, reason in _refused.items() if k in impls}
+
+
+def _operator_name(registration: str) -> str:
+    """``"ns::name"`` of a ``torch.library._impls`` entry (``"ns/name.overload/Key"``)."""
+    ns, rest = registration.split("/", 1)
+    return f"{ns}::{rest.rsplit('/', 1)[0].split('.', 1)[0]}"
+
+
+def custom_ops_key() -> list[Any]:
+    """The custom operators' part of the disk key: the code of every kernel it can read
+    back. See Note [Custom operators in the on-disk cache key]; the kernels it cannot read
+    are ``unkeyable_operators``'."""
+    _classify_new(torch.library._impls)
     from torch._library.custom_ops import OPDEFS
     from torch._library.simple_registry import singleton
 
     parts: list[Any] = []
     for qualname, opdef in sorted(OPDEFS.items()):
+        # torch's own (some are registered lazily, when a feature is first imported: keyed,
+        # they would make keys differ between processes): covered by torch's version.
+        # Skipped before their functions are sorted (about a hundred of them: the sorts
+        # by repr cost the first key of a process milliseconds)
+        if _torch_namespace(qualname):
+            continue
         fns = (
             opdef._init_fn, opdef._abstract_fn, opdef._setup_context_fn, opdef._backward_fn,
             opdef._vmap_fn, *(f for _, f in sorted(opdef._backend_fns.items(), key=repr)),
             *(f for _, f in sorted(opdef._torch_dispatch_fns.items(), key=repr)),
         )
-        # torch's own (some are registered lazily, when a feature is first imported: keyed,
-        # they would make keys differ between processes): covered by torch's version
-        if _torch_namespace(qualname) or not any(_user_code(f) for f in fns):
+        if not any(_user_code(f) for f in fns):  # torch's code only
             continue
         fp = _Fingerprint()
         fp.put("custom_op", qualname, str(opdef._schema), sorted(map(str, opdef._tags)),
@@ -106,9 +115,8 @@ def custom_ops_key() -> list[Any]:
         for f in fns:
             _kernel(fp, f)
         parts.append((qualname, fp.hexdigest()))
-    for qualname, entry in sorted(singleton._data.items()):
-        if _torch_namespace(qualname):
-            continue
+    for qualname in sorted(q for q in singleton._data if not _torch_namespace(q)):
+        entry = singleton._data[qualname]
         kernels = entry.fake_impl.kernels
         funcs = (kernels[-1].func if kernels else None, *entry.torch_dispatch_rules._data.values())
         if not any(_user_code(f) for f in funcs):  # the newest fake kernel runs
@@ -124,6 +132,23 @@ def custom_ops_key() -> list[Any]:
         if not _torch_namespace(qualname) and not def_site.startswith(_TORCH_DIR) and not _torch_site(def_site):
             parts.append(("schema", qualname, schema))
     return parts
+
+
+def _classify_new(impls: set[str]) -> None:
+    """Classify the registrations not seen before (See Note [Registrations classified at
+    import])."""
+    new = impls - _seen
+    if not new:
+        return
+    # torch's own namespaces' kernels (aten's: its Meta kernels) need no look
+    for k in sorted(
+        k for k in new
+        if not k.startswith(_TORCH_PREFIXES) or (k.startswith("aten/") and not k.endswith("/Meta"))
+    ):
+        reason = _classify(k)
+        if reason is not None:
+            _refused[k] = reason
+    _seen.update(new)
 
 
 def _user_code(f: Any, depth: int = 0) -> bool:
@@ -234,3 +259,14 @@ def _classify(key: str) -> str | None:
         "operator with torch.library.custom_op (and register_fake/register_autograd on it) "
         "to make it cacheable"
     )
+
+
+# Note [Registrations classified at import]
+# Classifying a registration reads the dispatcher's dump of its operator (tens of
+# microseconds each); a process has about 40 Python kernels outside torch's own namespaces
+# from torch's own files (c10d, onednn, mkldnn...) before any user code runs, and
+# classifying them on the first key cost every warm start's first call about a
+# millisecond. They are classified once here, at import; a registration made later (a
+# user's, or one torch makes when a feature is first imported) is classified at the first
+# key after it, as before. The classification itself is the same.
+_classify_new(torch.library._impls)
