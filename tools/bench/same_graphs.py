@@ -13,6 +13,8 @@ Variants:
             pass's backward] in aotkit_capture)
   fold      the single pass's layers in dispatch modes of their own, as before Note [One
             dispatch frame for aotkit's trace layers]
+  copy      the partitioner's node copies through ``Graph.node_copy`` (Note [Copying
+            joint nodes] in aotkit_partitioners)
 
 Usage:
   uv run --group bench python tools/bench/same_graphs.py --variant flags
@@ -93,6 +95,15 @@ def variant(name: str) -> Iterator[None]:
 
         patches.append((sp, "trace_layer", own_mode))
         patches.append((sp, "unkeyed_if_nothing_drew", popped))
+    elif name == "copy":
+        import aotkit_partitioners._cse as cse
+        import aotkit_partitioners._extract as ex
+
+        def node_copy(graph: torch.fx.Graph, node: torch.fx.Node, env: Any) -> torch.fx.Node:
+            return graph.node_copy(node, env.__getitem__)
+
+        patches.append((ex, "copy_node", node_copy))
+        patches.append((cse, "copy_node", node_copy))
     else:
         raise SystemExit(f"unknown variant {name!r}")
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
@@ -162,7 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--variant", required=True, choices=("flags", "fold"))
+    ap.add_argument("--variant", required=True, choices=("flags", "fold", "copy"))
     ap.add_argument("--models", default=",".join(zoo.DEFAULT_SET))
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ._extract import copy_node
 from ._joint import is_impure
 from ._ops import is_mutating
 
@@ -119,5 +120,5 @@ def cse_graph(
         if node in rep:
             env[node] = env[rep[node]]
         else:
-            env[node] = new_graph.node_copy(node, env.__getitem__)
+            env[node] = copy_node(new_graph, node, env)  # See Note [Copying joint nodes]
     return new_graph
