@@ -13,6 +13,8 @@ Variants:
             pass's backward] in aotkit_capture)
   fold      the single pass's layers in dispatch modes of their own, as before Note [One
             dispatch frame for aotkit's trace layers]
+  flow      min-cut's maximum flow through networkx (Boykov-Kolmogorov), as before Note
+            [Min-cut without networkx] in aotkit_partitioners
   copy      the partitioner's node copies through ``Graph.node_copy`` (Note [Copying
             joint nodes] in aotkit_partitioners)
 
@@ -66,6 +68,23 @@ def node_facts(gm: torch.fx.GraphModule) -> list[tuple[Any, ...]]:
     return facts
 
 
+def networkx_cut(edges: list[tuple[int, int, int | None]]) -> tuple[set[Any], set[Any]]:
+    """min-cut's partition of its flow graph as networkx computes it (the reference for
+    ``--variant flow``)."""
+    import networkx as nx
+    from aotkit_partitioners._extract import PartitionError
+
+    g: Any = nx.DiGraph()
+    g.add_edges_from((u, v, {} if cap is None else {"capacity": cap}) for u, v, cap in edges)
+    try:
+        _, (reachable, _) = nx.minimum_cut(
+            g, -1, -2, flow_func=nx.algorithms.flow.boykov_kolmogorov
+        )
+    except nx.NetworkXUnbounded as e:
+        raise PartitionError("no finite cut") from e
+    return set(reachable), set(g)
+
+
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
     """The slower equivalent of a speed-up, for the duration of the block."""
@@ -95,6 +114,10 @@ def variant(name: str) -> Iterator[None]:
 
         patches.append((sp, "trace_layer", own_mode))
         patches.append((sp, "unkeyed_if_nothing_drew", popped))
+    elif name == "flow":
+        import aotkit_partitioners._mincut as mc
+
+        patches.append((mc, "flow_cut", networkx_cut))
     elif name == "copy":
         import aotkit_partitioners._cse as cse
         import aotkit_partitioners._extract as ex
@@ -173,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--variant", required=True, choices=("flags", "fold", "copy"))
+    ap.add_argument("--variant", required=True, choices=("flags", "fold", "flow", "copy"))
     ap.add_argument("--models", default=",".join(zoo.DEFAULT_SET))
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")
