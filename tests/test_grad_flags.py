@@ -148,3 +148,84 @@ def test_flags_follow_grad_mode_and_dtype_and_are_cleared() -> None:
     flags.after_op([a], a)  # an op returning its argument leaves it alone
     flags.clear()
     assert not f.requires_grad and a.requires_grad
+
+
+def test_backward_view_flags_change_no_graph_and_hit_more(monkeypatch: pytest.MonkeyPatch) -> None:
+    # See Note [Fake-cache keys of the single pass's backward]: the attention model's
+    # backward reshapes its gradients as the forward reshaped the activations
+    x = torch.randn(2, 5, 8)
+    FakeTensorMode.cache_clear()
+    records, out, grads, buffers, with_flags = _compile_and_train(_attention, x)
+    assert [r.path for r in records] == ["single pass"], [r.path_reason for r in records]
+    FakeTensorMode.cache_clear()
+    with monkeypatch.context() as m:
+        m.setattr(single_pass_module, "BackwardViewFlags", lambda: None)
+        plain, out2, grads2, buffers2, without = _compile_and_train(_attention, x)
+    assert [r.path for r in plain] == ["single pass"]
+    for mod in ("joint_module", "fw_module", "bw_module"):
+        a, b = getattr(records[0], mod), getattr(plain[0], mod)
+        assert a is not None and b is not None, mod
+        assert a.code == b.code, mod
+        assert _node_facts(a) == _node_facts(b), mod
+    assert torch.equal(out, out2)
+    assert all(torch.equal(a, b) for a, b in zip(grads, grads2, strict=True))
+    assert with_flags < without, (with_flags, without)
+
+
+def _run_op(seen: list[bool]) -> Callable[..., Any]:
+    def run(func: Any, args: Any, kwargs: Any) -> Any:
+        seen.append(bool(args[0].requires_grad))
+        # the layer runs below autograd, where a view takes no flag from its base
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            return func(*args, **kwargs)
+
+    return run
+
+
+def test_backward_view_flags_are_set_for_view_ops_only_and_cleared() -> None:
+    from aotkit_capture._grad_flags import BackwardViewFlags
+
+    layer = BackwardViewFlags()
+    seen: list[bool] = []
+    with FakeTensorMode():
+        f = torch.empty(3, 4)
+        i = torch.empty(3, 4, dtype=torch.int64)
+        v = layer(torch.ops.aten.view.default, (f, [12]), {}, _run_op(seen))
+        layer(torch.ops.aten.mul.Tensor, (f, f), {}, _run_op(seen))
+        layer(torch.ops.aten.view.default, (i, [12]), {}, _run_op(seen))
+    assert seen == [True, False, False]
+    assert not f.requires_grad and not v.requires_grad and not i.requires_grad
+
+
+def test_backward_view_flags_stop_at_an_output_that_requires_grad() -> None:
+    from aotkit_capture._grad_flags import BackwardViewFlags
+
+    with FakeTensorMode():
+        f = torch.empty(3, 4)
+        bad = torch.empty(12)
+        bad.requires_grad = True
+    with pytest.raises(FlagRead):
+        BackwardViewFlags()(torch.ops.aten.view.default, (f, [12]), {}, lambda *a: bad)
+    assert not f.requires_grad
+
+
+def test_the_single_pass_puts_one_aotkit_mode_on_the_dispatch_stack() -> None:
+    # See Note [One dispatch frame for aotkit's trace layers]: the op gate and the forward's
+    # flags are layers of the RNG keying mode, not modes of their own
+    import aotkit
+    from aotkit_capture._device_queries import OWN_MODES
+
+    depths: list[int] = []
+
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        stack = [
+            torch._C._get_dispatch_stack_at(i) for i in range(torch._C._len_torch_dispatch_stack())
+        ]
+        depths.append(sum(type(m) in OWN_MODES for m in stack))
+        return (x @ w).relu().sum()
+
+    with record_compilations() as records:
+        fn = aotkit.aot_function(f, fw_compiler=aotkit.nop, bw_compiler=aotkit.nop)
+        fn(torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)).backward()
+    assert [r.path for r in records] == ["single pass"], [r.path_reason for r in records]
+    assert depths == [1], depths

@@ -26,10 +26,12 @@
 # The keying mode is a Python dispatch layer every op of the trace passes through. A
 # replay needs a random op run twice from one generator state; if the forward ran no
 # random op, the backward could replay only a draw of its own, after resetting the
-# generator itself. The single pass therefore runs the backward without the mode when
-# the forward drew nothing (``unkeyed_if_nothing_drew``), and abandons its graph for the
-# two-pass flow, whose trace keys everything, if that backward traced any random op
-# (``draws_randomness``). Programs with dropout keep the mode throughout.
+# generator itself. The single pass therefore runs the backward without keying when
+# the forward drew nothing (``unkeyed_if_nothing_drew``: the mode is taken off the stack,
+# or only stops keying when a layer of the single pass needs its frame, See Note [One
+# dispatch frame for aotkit's trace layers]), and abandons its graph for the two-pass
+# flow, whose trace keys everything, if that backward traced any random op
+# (``draws_randomness``). Programs with dropout keep the keying throughout.
 #
 # Note [Checkpointed random ops with functionalized RNG off]
 # With the switch off, graphs hold no RNG state ops, so a checkpointed region's
@@ -61,7 +63,13 @@ from torch.utils._python_dispatch import (
 
 from ._device_queries import OWN_MODES, fake_device, is_device_query
 
-__all__ = ["draws_randomness", "keyed_rng", "replay_rng_inplace", "unkeyed_if_nothing_drew"]
+__all__ = [
+    "draws_randomness",
+    "keyed_rng",
+    "replay_rng_inplace",
+    "trace_layer",
+    "unkeyed_if_nothing_drew",
+]
 
 _KEY = "aotkit_rng_key"
 
@@ -87,18 +95,27 @@ def _on_cpu(out: Any) -> bool:
     return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values)
 
 
+# One layer of the single pass sitting in the keying mode's frame: See Note [One dispatch
+# frame for aotkit's trace layers]. Called with the op, its arguments and ``run``, which
+# runs the op (keyed); returns the op's result.
+TraceLayer = Callable[[Any, Sequence[Any], dict[str, Any], Callable[..., Any]], Any]
+
+
 class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
     """Tags each random op's new graph nodes with the generator state it ran from.
 
     See Note [RNG replay keys]. Higher-order operators run below it (their bodies' random
-    ops are not keyed; See Note [Higher-order operators]).
+    ops are not keyed; See Note [Higher-order operators]). It also carries the single
+    pass's per-op layer, if any (See Note [One dispatch frame for aotkit's trace layers]).
     """
 
     supports_higher_order_operators = True
 
-    def __init__(self) -> None:
+    def __init__(self, *, keying: bool = True) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.draws = 0  # random ops seen (See Note [An unkeyed backward])
+        self.keying = keying
+        self.layer: TraceLayer | None = None
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -115,15 +132,21 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
     ) -> Any:
         if is_device_query(func, args):  # See Note [Device queries in the trace's dispatch modes]
             return fake_device(args[0])
-        if not _draws(func):
-            return func(*args, **(kwargs or {}))
+        layer = self.layer
+        if layer is not None:
+            return layer(func, args, kwargs or {}, self._run)
+        return self._run(func, args, kwargs or {})
+
+    def _run(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        if not self.keying or not _draws(func):
+            return func(*args, **kwargs)
         self.draws += 1
         mode = get_proxy_mode()
         graph = mode.tracer.graph if mode is not None else None
         before = set(graph.nodes) if graph is not None else set()
         with _disable_current_modes():
             key = hashlib.sha256(bytes(torch.default_generator.get_state().tolist())).digest()
-        out = func(*args, **(kwargs or {}))
+        out = func(*args, **kwargs)
         if graph is None or not _on_cpu(out):
             return out
         for node in graph.nodes:
@@ -137,17 +160,65 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
 OWN_MODES.add(_RngKeys)
 
 
+# Note [One dispatch frame for aotkit's trace layers]
+# Every op of a trace passes through each Python dispatch mode on the stack, and each mode
+# costs a Python frame and a re-dispatch per op (about 10-20 us; a BERT joint trace runs
+# about 300 ops through them). The single pass has per-op work besides the RNG keying: the
+# forward's op gate and fake-cache flags (Note [Single-pass joint trace], Note [Fake-cache
+# keys of the single pass's forward]) and the backward's view flags (Note [Fake-cache keys
+# of the single pass's backward]). Rather than a mode each, they are layers installed in
+# the keying mode that ``keyed_rng`` already pushed (``trace_layer``): the mode answers
+# device queries, then hands the op to the layer, which calls ``run`` (the keying) where a
+# mode of its own would have called ``func``. The order is the one the separate modes had:
+# the layer (pushed last, so on top) sees the op first, the keying runs below it. Without
+# the keying mode on top of the stack (a trace not made by ``keyed_rng``) the layer gets a
+# mode of its own that does not key, as before.
+
+
 @contextlib.contextmanager
-def unkeyed_if_nothing_drew() -> Iterator[bool]:
-    """Inside ``keyed_rng``'s trace: while no random op has run yet, take the keying mode
-    off the dispatch stack for the block. Yields whether it did; if so, the caller must
-    refuse a graph whose block traced a random op. See Note [An unkeyed backward]."""
+def trace_layer(layer: TraceLayer | None) -> Iterator[None]:
+    """Run the block with ``layer`` seeing every op of the trace, in the keying mode's frame
+    when that mode is on top. See Note [One dispatch frame for aotkit's trace layers]."""
+    if layer is None:
+        yield
+        return
+    mode = _get_current_dispatch_mode()
+    if not isinstance(mode, _RngKeys):
+        own = _RngKeys(keying=False)
+        own.layer = layer
+        with own:
+            yield
+        return
+    previous = mode.layer
+    mode.layer = layer
+    try:
+        yield
+    finally:
+        mode.layer = previous
+
+
+@contextlib.contextmanager
+def unkeyed_if_nothing_drew(layer: TraceLayer | None = None) -> Iterator[bool]:
+    """Inside ``keyed_rng``'s trace: while no random op has run yet, stop keying for the
+    block (taking the keying mode off the dispatch stack, unless ``layer`` needs its frame).
+    Yields whether it did; if so, the caller must refuse a graph whose block traced a random
+    op. See Note [An unkeyed backward]. ``layer`` sees every op of the block (See Note [One
+    dispatch frame for aotkit's trace layers])."""
     mode = _get_current_dispatch_mode()
     if not isinstance(mode, _RngKeys) or mode.draws:
-        yield False
+        with trace_layer(layer):
+            yield False
         return
-    with _pop_mode_temporarily():
-        yield True
+    if layer is None:
+        with _pop_mode_temporarily():
+            yield True
+        return
+    mode.keying = False
+    try:
+        with trace_layer(layer):
+            yield True
+    finally:
+        mode.keying = True
 
 
 def is_rng_keying_mode(mode: Any) -> bool:

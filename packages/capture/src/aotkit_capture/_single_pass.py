@@ -41,7 +41,7 @@
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -76,7 +76,7 @@ from torch.fx.experimental.proxy_tensor import (
     track_tensor_tree,
 )
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._autocast_cache import (
     caller_cache_flag,
@@ -85,11 +85,16 @@ from ._autocast_cache import (
     eager_cast_cache,
     wrapped_as_leaf,
 )
-from ._device_queries import OWN_MODES, fake_device, is_device_query
-from ._grad_flags import FlagRead, GradFlags
+from ._grad_flags import BackwardViewFlags, FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
 from ._hops import hop_in_traceback
-from ._rng_replay import draws_randomness, keyed_rng, replay_rng_inplace, unkeyed_if_nothing_drew
+from ._rng_replay import (
+    draws_randomness,
+    keyed_rng,
+    replay_rng_inplace,
+    trace_layer,
+    unkeyed_if_nothing_drew,
+)
 from ._saved_detaches import (
     SavedOutputRecorder,
     forward_end,
@@ -113,37 +118,26 @@ class NotSinglePass(Exception):
     """The program needs the two-pass flow. See Note [Single-pass joint trace]."""
 
 
-# TorchDispatchMode/TorchFunctionMode carry no annotations in torch.
-class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
-    """Sits under the Functionalize key and stops at the first op the Python mode would
-    treat differently (higher-order operators included: See Note [Higher-order
-    operators])."""
-
-    supports_higher_order_operators = True
+class _NativeOpGate:
+    """The forward's layer (See Note [One dispatch frame for aotkit's trace layers]): sits
+    under the Functionalize key and stops at the first op the Python mode would treat
+    differently (higher-order operators included: See Note [Higher-order operators]), and
+    sets the forward's fake-cache flags."""
 
     def __init__(self, flags: GradFlags | None = None) -> None:
-        super().__init__()  # type: ignore[no-untyped-call]
         # See Note [Fake-cache keys of the single pass's forward]
         self.flags = flags
 
-    @classmethod
-    def ignore_compile_internals(cls) -> bool:
-        # lets torch.cond & co. trace their branches with dynamo under this mode
-        # (See Note [Higher-order operators] in aotkit_capture)
-        return True
-
-    def __torch_dispatch__(
+    def __call__(
         self,
         func: Any,
-        types: Sequence[type],
-        args: Sequence[Any] = (),
-        kwargs: dict[str, Any] | None = None,
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        run: Callable[..., Any],
     ) -> Any:
-        if is_device_query(func, args):  # See Note [Device queries in the trace's dispatch modes]
-            return fake_device(args[0])
         if needs_python_functionalization(func):
             raise NotSinglePass(python_mode_reason(func))
-        out = func(*args, **(kwargs or {}))
+        out = run(func, args, kwargs)
         if self.flags is not None:
             try:
                 self.flags.after_op(args, out)
@@ -152,9 +146,7 @@ class _NativeOpGate(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         return out
 
 
-OWN_MODES.add(_NativeOpGate)
-
-
+# TorchFunctionMode carries no annotations in torch.
 class _FunctionGate(TorchFunctionMode):  # type: ignore[misc]
     """One torch-function layer for the single pass (See Note [Single-pass joint trace]):
     * stops at an in-place call (``x.add_``, ``x += y``, ``x[i] = v``) that writes to a
@@ -357,7 +349,12 @@ def trace_single_pass(
             flags = None if decompositions else GradFlags()
             try:
                 leaves = [wrapped_as_leaf(p) for p in f_primals]
-                with _FunctionGate(), _NativeOpGate(flags), eager_cast_cache(cache_flag):
+                # See Note [One dispatch frame for aotkit's trace layers]
+                with (
+                    _FunctionGate(),
+                    trace_layer(_NativeOpGate(flags)),
+                    eager_cast_cache(cache_flag),
+                ):
                     try:
                         outs = list(flat_fn(*f_primals))
                     except NotSinglePass:
@@ -397,8 +394,10 @@ def trace_single_pass(
             # See Note [Detach nodes of saved outputs]
             saved_outputs.watch([outs[j] for j in positions])
             try:
-                # See Note [An unkeyed backward]
-                with unkeyed_if_nothing_drew() as unkeyed:
+                # See Note [An unkeyed backward] and Note [Fake-cache keys of the single
+                # pass's backward] (its flags under the forward's guard)
+                view_flags = BackwardViewFlags() if flags is not None else None
+                with unkeyed_if_nothing_drew(view_flags) as unkeyed:
                     grads, failed = primal_grads(
                         [(k, outs[j], f_tangents[k]) for k, j in enumerate(positions)], f_primals
                     )

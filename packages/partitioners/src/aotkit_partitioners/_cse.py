@@ -10,6 +10,7 @@ import torch
 import torch.fx
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from ._extract import copy_node
 from ._joint import is_impure
 from ._ops import is_mutating
 
@@ -202,5 +203,5 @@ def cse_graph(
         if node in rep:
             env[node] = env[rep[node]]
         else:
-            env[node] = new_graph.node_copy(node, env.__getitem__)
+            env[node] = copy_node(new_graph, node, env)  # See Note [Copying joint nodes]
     return new_graph

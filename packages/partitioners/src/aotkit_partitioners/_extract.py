@@ -6,6 +6,7 @@ See Note [Joint graph calling convention] in ``aotkit_schemas._protocols``.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -13,6 +14,8 @@ import torch
 import torch.fx
 from aotkit_schemas import is_sym_node
 from torch.fx._lazy_graph_module import _make_graph_module
+from torch.fx.immutable_collections import immutable_dict
+from torch.fx.node import map_arg
 
 from ._joint import JointInfo, ancestors, nodes_of, sorted_nodes, unique
 from ._schedule import late_order
@@ -81,11 +84,44 @@ def extract_graph(
         new.meta = dict(node.meta)
         env[node] = new
     for node in body:
-        env[node] = graph.node_copy(node, env.__getitem__)
+        env[node] = copy_node(graph, node, env)
     graph.output(tuple(env[v] if isinstance(v, torch.fx.Node) else v for v in outputs))
     if not late and not any("recompute" in n.meta for n in info.nodes):
         _reserve_names_like_torch(graph, info, inputs, set(body))
     return graph
+
+
+# Note [Copying joint nodes]
+# ``Graph.node_copy`` goes through ``create_node``, which walks every argument with pytree
+# looking for raw SymInts to warn about: a third of the partitioner's time on BERT. A
+# joint node's arguments passed that walk when the joint was traced, and a copy replaces
+# only its Node arguments by Nodes, so ``copy_node`` skips it and otherwise does what
+# ``node_copy`` does (the same name, op, target, arguments, type and shallow meta copy,
+# the same namespace and lookup-table entries). ``tools/bench/same_graphs.py --variant
+# copy`` checks the zoo's graphs against ``node_copy``'s.
+
+
+def copy_node(
+    graph: torch.fx.Graph, node: torch.fx.Node, env: dict[torch.fx.Node, torch.fx.Node]
+) -> torch.fx.Node:
+    """``graph.node_copy(node, env.__getitem__)``, without the argument walk. See Note
+    [Copying joint nodes]."""
+    if graph.owning_module is not None:  # it may have node-creation hooks
+        return graph.node_copy(node, env.__getitem__)
+    args = map_arg(node.args, env.__getitem__)
+    kwargs = map_arg(node.kwargs, env.__getitem__)
+    assert isinstance(args, tuple) and isinstance(kwargs, dict)
+    namespace = graph._graph_namespace
+    name = namespace.create_name(node.name, None)
+    new = torch.fx.Node(
+        graph, name, node.op, node.target, args, kwargs or immutable_dict(), node.type
+    )
+    namespace.associate_name_with_obj(name, new)
+    graph._insert(new)
+    graph._find_nodes_lookup_table.insert(new)
+    graph._len += 1
+    new.meta = copy.copy(node.meta)
+    return new
 
 
 # Note [Names of the extracted graphs]

@@ -56,6 +56,7 @@ from aotkit_schemas import RUNTIME_MUTATED_INPUT_KEY, is_sym_node, mark_cache_ke
 from ._cost import SYMINT_BYTES, node_bytes
 from ._cse import cse_graph, duplicates
 from ._extract import PartitionError, build_modules
+from ._flow import Unbounded, source_side
 from ._joint import JointInfo, analyze_joint, ancestors, is_tuple_node, nodes_of
 from ._ops import (
     ban_reason,
@@ -301,24 +302,7 @@ def solve(
         if n in demanded:
             edges.append((2 * i + 1, _SINK, None))
     kept = _prune(edges)
-    source_side: set[int] = set()
-    if kept:
-        import networkx as nx  # seconds to import: See Note [Import cost] in aotkit_frontends
-
-        g: nx.DiGraph = nx.DiGraph()
-        g.add_edges_from((u, v, {} if cap is None else {"capacity": cap}) for u, v, cap in kept)
-        try:
-            _, (reachable, _) = nx.minimum_cut(
-                g, _SOURCE, _SINK, flow_func=nx.algorithms.flow.boykov_kolmogorov
-            )
-        except nx.NetworkXUnbounded as e:
-            raise PartitionError(
-                "no finite cut: some value the backward needs can be neither saved nor recomputed"
-            ) from e
-        source_side = set(reachable)
-        in_graph = set(g)
-    else:
-        in_graph = set()
+    source_side, in_graph = flow_cut(kept) if kept else (set(), set())
     return [
         n
         for i, n in enumerate(cands)
@@ -366,6 +350,17 @@ def _prune(edges: list[tuple[int, int, int | None]]) -> list[tuple[int, int, int
     if _SINK not in live:
         return []
     return [e for e in edges if e[0] in live and e[1] in live]
+
+
+def flow_cut(edges: list[tuple[int, int, int | None]]) -> tuple[set[Any], set[Any]]:
+    """(source side of the minimum cut, every vertex) of the flow graph. See Note [Min-cut
+    without networkx]."""
+    try:
+        return source_side(edges, _SOURCE, _SINK)
+    except Unbounded as e:
+        raise PartitionError(
+            "no finite cut: some value the backward needs can be neither saved nor recomputed"
+        ) from e
 
 
 def _backward_dependencies(graph: torch.fx.Graph, num_fwd_outputs: int) -> set[torch.fx.Node]:
