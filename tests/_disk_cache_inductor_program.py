@@ -4,10 +4,12 @@ results and what the run did (aotkit's cache counters, Inductor's key computatio
 FX-graph-cache hits) as JSON.
 
 argv[1]: JSON ``{"aotkit": dir, "config": {inductor config name: value}, "functorch":
-{functorch config name: value}, "threads": n, "dynamic": bool, "batch": n}`` (all but
-"aotkit" optional; dynamic: ``torch.compile(dynamic=True)``, batch: the batch size, 5 by
-default); Inductor's
-cache directory comes from TORCHINDUCTOR_CACHE_DIR.
+{functorch config name: value}, "threads": n, "dynamic": bool, "batch": n, "pre_grad":
+uuid}`` (all but "aotkit" optional; dynamic: ``torch.compile(dynamic=True)``, batch: the
+batch size, 5 by default; pre_grad: a counting ``config.pre_grad_custom_pass`` with that
+uuid); Inductor's cache directory comes from TORCHINDUCTOR_CACHE_DIR. Also reports how
+often Inductor's pre-grad passes ran (``run_pre_grad_passes``) and the custom pass was
+called.
 """
 
 from __future__ import annotations
@@ -18,6 +20,20 @@ from typing import Any
 
 import torch
 import torch._inductor.codecache as codecache
+import torch._inductor.compile_fx as compile_fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+
+class CountingPass(CustomGraphPass):
+    def __init__(self, uuid: str) -> None:
+        self._uuid = uuid
+        self.calls = 0
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.calls += 1
+
+    def uuid(self) -> Any:
+        return self._uuid
 
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:
@@ -42,6 +58,18 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         return real_hash(*args, **kwargs)
 
     codecache.compiled_fx_graph_hash = counted_hash  # type: ignore[assignment]
+    pre_grad_runs = [0]
+    real_pre_grad = compile_fx.run_pre_grad_passes
+
+    def counted_pre_grad(*args: Any, **kwargs: Any) -> Any:
+        pre_grad_runs[0] += 1
+        return real_pre_grad(*args, **kwargs)
+
+    compile_fx.run_pre_grad_passes = counted_pre_grad
+    custom = None
+    if "pre_grad" in spec:
+        custom = CountingPass(spec["pre_grad"])
+        config.pre_grad_custom_pass = custom
 
     torch.manual_seed(0)
     mod = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
@@ -70,6 +98,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "counters": dict(cache_counters),
         "fx_graph_hashes": hashes[0],
         "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
+        "pre_grad_runs": pre_grad_runs[0],
+        "pre_grad_calls": None if custom is None else custom.calls,
     }
 
 

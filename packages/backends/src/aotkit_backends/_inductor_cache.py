@@ -30,9 +30,11 @@ Inductor's artifact without recomputing Inductor's cache key.
 #   * the sources of torch and triton by each file's path, size and modification time
 #     (``torch_key``/``triton_key`` read and hash every byte: most of the cost avoided) plus
 #     torch's version and git revision, CUDA/HIP versions and the devices' names and
-#     Inductor device interfaces' cache information, as ``CacheBase.get_system`` reads them.
+#     Inductor device interfaces' cache information, as ``CacheBase.get_system`` reads them;
+#   * ``config.pre_grad_custom_pass`` by its passes' ``uuid()``, as Inductor's key holds it.
 # Anything the hash cannot describe turns the handle off (the compile then goes through
-# ``compile_fx_inner`` as before): custom graph passes or partitioner, custom backend
+# ``compile_fx_inner`` as before): a pre-grad custom pass without ``uuid()``, other custom
+# graph passes or partitioner, custom backend
 # passes or codegen configs, a cudagraph policy or annotation, a remote FX graph cache,
 # caches disabled, bundled autograd cache, AOT mode, symbolic inputs Inductor cannot guard
 # (See Note [Inductor artifact keys for dynamic shapes]), a graph with higher-order ops or
@@ -181,7 +183,7 @@ def _passes_describable() -> list[Any]:
     )
 
     for name in (
-        "pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass",
+        "post_grad_custom_pre_pass", "post_grad_custom_post_pass",
         "joint_custom_pre_pass", "joint_custom_post_pass", "custom_partitioner_fn",
         "cudagraph_policy",
     ):
@@ -191,7 +193,7 @@ def _passes_describable() -> list[Any]:
         v is not None for v in custom_backend_codegen_configs.values()
     ):
         raise _NoHandle("custom backend passes or codegen configs")
-    named = []
+    named: list[Any] = [_pre_grad_uuids(config.pre_grad_custom_pass)]
     for name in ("_pre_fusion_custom_pass", "_post_fusion_custom_pass",
                  "_fuse_ddp_communication_passes"):
         value = getattr(config, name, None)
@@ -200,6 +202,24 @@ def _passes_describable() -> list[Any]:
             raise _NoHandle(f"config.{name} holds a callable")
         named.append(value)
     return named
+
+
+def _pre_grad_uuids(custom: Any) -> list[Any] | None:
+    """``config.pre_grad_custom_pass`` as Inductor's FX-graph-cache key describes it: each
+    pass by its ``uuid()`` (aotkit_inductor has run them before compiling: See Note
+    [Inductor pre-grad passes]). Raises _NoHandle for a pass without one."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_passes
+
+    passes = get_custom_graph_passes(custom)
+    if not passes:
+        return None
+    uuids = []
+    for p in passes:
+        uuid = p.uuid() if isinstance(p, CustomGraphPass) else None
+        if not isinstance(uuid, str | bytes) or not uuid:
+            raise _NoHandle("config.pre_grad_custom_pass holds a pass without uuid()")
+        uuids.append(uuid if isinstance(uuid, str) else uuid.hex())
+    return uuids
 
 
 def _settings_hash(kwargs: dict[str, Any]) -> str:
