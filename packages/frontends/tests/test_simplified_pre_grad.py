@@ -52,7 +52,8 @@ def _keyed(key: str) -> SwapTanh:
 
 def _expected(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
     m = cast(TanhMLP, mod)
-    return m.b(m.a(x).relu())
+    out: torch.Tensor = m.b(m.a(x).relu())
+    return out
 
 
 @pytest.fixture

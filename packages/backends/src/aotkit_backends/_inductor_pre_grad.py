@@ -67,10 +67,10 @@ def inductor_pre_grad_passes(
     [Inductor pre-grad passes]. ``example_inputs``: the inputs dynamo passed the backend
     (fake or real)."""
     # imported here: Inductor takes seconds to import (See Note [Import cost])
+    from torch._dispatch.python import enable_python_dispatcher
     from torch._inductor.compile_fx import run_pre_grad_passes
     from torch._inductor.virtualized import V
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch._dispatch.python import enable_python_dispatcher
 
     fake_mode = detect_fake_mode(example_inputs) or FakeTensorMode(allow_non_fake_inputs=True)
     with enable_python_dispatcher(), V.set_fake_mode(fake_mode):
