@@ -20,9 +20,15 @@ Inductor's artifact without recomputing Inductor's cache key.
 #     ``compile_fx_inner``, which recomputes the key and compiles on a miss.
 # Why the stored key still names the right artifact: Inductor's key is a function of the
 # graph, its example inputs' metadata, the compile's keyword arguments and the settings
-# ``FxGraphHashDetails`` collects. aotkit's own entry key already fixes the graph and its
-# inputs (the restored graph is the one that was compiled). The settings hash covers every
-# other part, read directly and cheaply:
+# ``FxGraphHashDetails`` collects. aotkit's own entry key already fixes the graph (the
+# restored graph is the one that was compiled), but not all of its inputs' layouts: the
+# backward's saved-tensor inputs take the strides the compiled forward gave them (See Note
+# [Saved tensors keep the compiled forward's strides] in aotkit_capture), and a restored
+# forward is compiled without layout optimization (See Note [Layout optimization in
+# aotkit_inductor] in aotkit_frontends), so a warm backward may get contiguous inputs where
+# the cold one got channels-last (the stored artifact then failed its stride asserts). The
+# settings hash covers the inputs' layouts and every other part, read directly and
+# cheaply:
 #   * Inductor's and its comms config (``save_config_portable``, as Inductor hashes them),
 #     the cache-key tag, the compile's keyword arguments (role, static inputs), deterministic
 #     algorithms, default dtype, matmul settings, thread count, provenance tracking,
@@ -222,7 +228,21 @@ def _pre_grad_uuids(custom: Any) -> list[Any] | None:
     return uuids
 
 
-def _settings_hash(kwargs: dict[str, Any]) -> str:
+def _input_layouts(fake_inputs: Sequence[Any]) -> list[Any]:
+    """Each example input's dtype, device, sizes, strides and offset (symbolic ones by
+    their expressions). See Note [Inductor artifact keys]: the backward's inputs take the
+    strides the compiled forward gave them, which the restored graph does not fix."""
+    out: list[Any] = []
+    for x in fake_inputs:
+        if isinstance(x, torch.Tensor):
+            out.append([str(x.dtype), str(x.device), [str(d) for d in x.shape],
+                        [str(d) for d in x.stride()], str(x.storage_offset())])
+        else:
+            out.append(type(x).__name__)
+    return out
+
+
+def _settings_hash(kwargs: dict[str, Any], fake_inputs: Sequence[Any]) -> str:
     """See Note [Inductor artifact keys]. Raises _NoHandle."""
     from torch._inductor import config
     from torch._inductor.utils import should_use_remote_fx_graph_cache
@@ -268,6 +288,7 @@ def _settings_hash(kwargs: dict[str, Any]) -> str:
             torch.get_float32_matmul_precision(),
         ],
         "coor": _coor(),
+        "inputs": _input_layouts(fake_inputs),
     }
     try:
         text = json.dumps(settings, sort_keys=True, allow_nan=False)
@@ -342,7 +363,8 @@ def remember(
     try:
         if not _graph_describable(gm, fake_inputs) and compiled.guards_expr:
             return  # guards without symbolic inputs: not a case Inductor makes
-        record_artifact_key(gm, f"{_PREFIX}/{_settings_hash(full_kwargs(kwargs))}/{key}")
+        settings = _settings_hash(full_kwargs(kwargs), fake_inputs)
+        record_artifact_key(gm, f"{_PREFIX}/{settings}/{key}")
     except _NoHandle as e:
         _log.debug("Inductor's cache key not stored with the graph: %s", e)
     except Exception as e:  # an optimization only: never an error
@@ -362,8 +384,9 @@ def load(gm: torch.fx.GraphModule, fake_inputs: list[Any], kwargs: dict[str, Any
     try:
         symbolic = _graph_describable(gm, fake_inputs)
         graph_kwargs = full_kwargs(kwargs)
-        if _settings_hash(graph_kwargs) != parts[1]:
-            _log.debug("Inductor's settings changed since the graph was cached; compiling")
+        if _settings_hash(graph_kwargs, fake_inputs) != parts[1]:
+            _log.debug("Inductor's settings or the inputs' layouts changed since the graph "
+                       "was cached; compiling")
             return None
         return _load_by_key(parts[2], gm, fake_inputs, graph_kwargs, symbolic)
     except _NoHandle as e:
