@@ -6,7 +6,8 @@ FX-graph-cache hits) as JSON.
 argv[1]: JSON ``{"aotkit": dir, "config": {inductor config name: value}, "functorch":
 {functorch config name: value}, "threads": n, "dynamic": bool, "batch": n, "pre_grad":
 uuid}`` (all but "aotkit" optional; dynamic: ``torch.compile(dynamic=True)``, batch: the
-batch size, 5 by default; pre_grad: a counting ``config.pre_grad_custom_pass`` with that
+batch size, 5 by default; model: "convnet" for three conv/batch-norm blocks instead of
+the MLP; pre_grad: a counting ``config.pre_grad_custom_pass`` with that
 uuid); Inductor's cache directory comes from TORCHINDUCTOR_CACHE_DIR. Also reports how
 often Inductor's pre-grad passes ran (``run_pre_grad_passes``) and the custom pass was
 called.
@@ -72,9 +73,23 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         config.pre_grad_custom_pass = custom
 
     torch.manual_seed(0)
-    mod = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     batch = spec.get("batch", 5)
-    x = torch.randn(batch, 8, requires_grad=True)
+    if spec.get("model") == "convnet":  # convolutions: Inductor's layout optimization
+        blocks: list[torch.nn.Module] = []
+        for cin, cout in ((3, 16), (16, 32), (32, 64)):
+            blocks += [
+                torch.nn.Conv2d(cin, cout, 3, padding=1), torch.nn.BatchNorm2d(cout), torch.nn.ReLU()
+            ]
+        # pooled into a linear layer: a summed batch norm output has (nearly) zero gradient
+        blocks += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 4)]
+        mod = torch.nn.Sequential(*blocks)
+        x = torch.randn(batch, 3, 32, 32, requires_grad=True)
+        # Inductor's convolutions and batch-norm reductions round differently from eager's
+        tol: dict[str, float] = {"rtol": 1e-4, "atol": 1e-4}
+    else:
+        mod = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        x = torch.randn(batch, 8, requires_grad=True)
+        tol = {}
     opt = torch.compile(mod, backend="aotkit_inductor", dynamic=spec.get("dynamic", False))
     out = opt(x)
     out.sum().backward()
@@ -84,13 +99,13 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         p.grad = None
     x.grad = None
     expected.sum().backward()
-    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out, expected, **tol)
     for got, want in zip(grads, [*[p.grad for p in mod.parameters()], x.grad], strict=True):
-        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got, want, **tol)
     with torch.no_grad():
-        y = torch.randn(batch, 8)  # the same shape: a static recompile for grad mode
+        y = torch.randn_like(x)  # the same shape: a static recompile for grad mode
         inference = opt(y)
-        torch.testing.assert_close(inference, mod(y))
+        torch.testing.assert_close(inference, mod(y), **tol)
     return {
         "out": out.tolist(),
         "grads": [g.tolist() for g in grads],

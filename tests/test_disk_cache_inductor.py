@@ -199,6 +199,25 @@ def test_pre_grad_custom_pass_in_the_key_not_run_warm(tmp_path: Path) -> None:
     assert other["pre_grad_calls"] == 2
 
 
+def test_convnet_warm_start_with_layout_optimization(tmp_path: Path) -> None:
+    # the cold forward saves channels-last activations (Inductor's layout optimization);
+    # the restored forward compiles without it (See Note [Layout optimization in
+    # aotkit_inductor]), so the warm backward gets contiguous ones and must not load the
+    # cold backward's artifact, compiled for channels-last inputs: it failed Inductor's
+    # stride asserts (See Note [Inductor artifact keys])
+    root = tmp_path / "convnet"
+    cold = _wait(_start(root, model="convnet", batch=4))
+    assert cold["counters"]["trace"] == 2
+    warm = _wait(_start(root, model="convnet", batch=4))  # checked against eager inside
+    assert "trace" not in warm["counters"] and warm["counters"]["hit"] == 2
+    # not bitwise: the cold forward's convolutions ran channels-last, the warm one's do not
+    for field in ("out", "grads", "inference"):
+        got = [torch.tensor(v) for v in warm[field]] if field == "grads" else [torch.tensor(warm[field])]
+        want = [torch.tensor(v) for v in cold[field]] if field == "grads" else [torch.tensor(cold[field])]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
+
+
 def test_dynamic_shapes_warm_start_loads_by_stored_key(tmp_path: Path) -> None:
     # See Note [Inductor artifact keys for dynamic shapes] in aotkit_backends: symbolic
     # graphs (dynamo's SymInt inputs bind every size) store Inductor's key too, and a warm
