@@ -4,10 +4,13 @@ results and what the run did (aotkit's cache counters, Inductor's key computatio
 FX-graph-cache hits) as JSON.
 
 argv[1]: JSON ``{"aotkit": dir, "config": {inductor config name: value}, "functorch":
-{functorch config name: value}, "threads": n, "dynamic": bool, "batch": n}`` (all but
-"aotkit" optional; dynamic: ``torch.compile(dynamic=True)``, batch: the batch size, 5 by
-default); Inductor's
-cache directory comes from TORCHINDUCTOR_CACHE_DIR.
+{functorch config name: value}, "threads": n, "dynamic": bool, "batch": n, "pre_grad":
+uuid}`` (all but "aotkit" optional; dynamic: ``torch.compile(dynamic=True)``, batch: the
+batch size, 5 by default; model: "convnet" for three conv/batch-norm blocks instead of
+the MLP; pre_grad: a counting ``config.pre_grad_custom_pass`` with that
+uuid); Inductor's cache directory comes from TORCHINDUCTOR_CACHE_DIR. Also reports how
+often Inductor's pre-grad passes ran (``run_pre_grad_passes``) and the custom pass was
+called.
 """
 
 from __future__ import annotations
@@ -18,6 +21,20 @@ from typing import Any
 
 import torch
 import torch._inductor.codecache as codecache
+import torch._inductor.compile_fx as compile_fx
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+
+class CountingPass(CustomGraphPass):
+    def __init__(self, uuid: str) -> None:
+        self._uuid = uuid
+        self.calls = 0
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        self.calls += 1
+
+    def uuid(self) -> Any:
+        return self._uuid
 
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:
@@ -42,11 +59,37 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         return real_hash(*args, **kwargs)
 
     codecache.compiled_fx_graph_hash = counted_hash  # type: ignore[assignment]
+    pre_grad_runs = [0]
+    real_pre_grad = compile_fx.run_pre_grad_passes
+
+    def counted_pre_grad(*args: Any, **kwargs: Any) -> Any:
+        pre_grad_runs[0] += 1
+        return real_pre_grad(*args, **kwargs)
+
+    compile_fx.run_pre_grad_passes = counted_pre_grad
+    custom = None
+    if "pre_grad" in spec:
+        custom = CountingPass(spec["pre_grad"])
+        config.pre_grad_custom_pass = custom
 
     torch.manual_seed(0)
-    mod = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
     batch = spec.get("batch", 5)
-    x = torch.randn(batch, 8, requires_grad=True)
+    if spec.get("model") == "convnet":  # convolutions: Inductor's layout optimization
+        blocks: list[torch.nn.Module] = []
+        for cin, cout in ((3, 16), (16, 32), (32, 64)):
+            blocks += [
+                torch.nn.Conv2d(cin, cout, 3, padding=1), torch.nn.BatchNorm2d(cout), torch.nn.ReLU()
+            ]
+        # pooled into a linear layer: a summed batch norm output has (nearly) zero gradient
+        blocks += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 4)]
+        mod = torch.nn.Sequential(*blocks)
+        x = torch.randn(batch, 3, 32, 32, requires_grad=True)
+        # Inductor's convolutions and batch-norm reductions round differently from eager's
+        tol: dict[str, float] = {"rtol": 1e-4, "atol": 1e-4}
+    else:
+        mod = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        x = torch.randn(batch, 8, requires_grad=True)
+        tol = {}
     opt = torch.compile(mod, backend="aotkit_inductor", dynamic=spec.get("dynamic", False))
     out = opt(x)
     out.sum().backward()
@@ -56,13 +99,13 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         p.grad = None
     x.grad = None
     expected.sum().backward()
-    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out, expected, **tol)
     for got, want in zip(grads, [*[p.grad for p in mod.parameters()], x.grad], strict=True):
-        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(got, want, **tol)
     with torch.no_grad():
-        y = torch.randn(batch, 8)  # the same shape: a static recompile for grad mode
+        y = torch.randn_like(x)  # the same shape: a static recompile for grad mode
         inference = opt(y)
-        torch.testing.assert_close(inference, mod(y))
+        torch.testing.assert_close(inference, mod(y), **tol)
     return {
         "out": out.tolist(),
         "grads": [g.tolist() for g in grads],
@@ -70,6 +113,8 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "counters": dict(cache_counters),
         "fx_graph_hashes": hashes[0],
         "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
+        "pre_grad_runs": pre_grad_runs[0],
+        "pre_grad_calls": None if custom is None else custom.calls,
     }
 
 

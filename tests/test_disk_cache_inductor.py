@@ -87,6 +87,9 @@ def test_cold_stores_inductor_keys(cold: tuple[Path, dict[str, Any]]) -> None:
     assert result["counters"]["trace"] == 2 and result["counters"]["store"] == 2
     # the backward compiled after its entry was written: its key was added then
     assert result["counters"]["artifact_update"] == 1
+    # Inductor's pre-grad passes ran on both of dynamo's graphs (See Note [Inductor
+    # pre-grad passes] in aotkit_backends)
+    assert result["pre_grad_runs"] == 2
     roles = sorted(sorted(_payload(p)["artifact_keys"]) for p in _entries(root))
     assert roles == [["bw", "fw"], ["inference"]]
     for p in _entries(root):
@@ -104,6 +107,7 @@ def test_warm_start_loads_by_stored_key(
     assert warm["fx_graph_hashes"] == 0  # Inductor's key was not recomputed
     assert warm["fxgraph_cache_hit"] == 3  # forward, backward, inference
     assert "artifact_update" not in warm["counters"] and "store" not in warm["counters"]
+    assert warm["pre_grad_runs"] == 0  # they run after the lookup, on a miss only
 
 
 def test_stored_keys_that_do_not_apply_fall_back(
@@ -173,6 +177,45 @@ def test_a_config_the_aot_part_reads_changes_the_key(
     back = _wait(_start(root))
     _same(back, cold[1])
     assert "trace" not in back["counters"] and back["counters"]["hit"] == 2
+
+
+def test_pre_grad_custom_pass_in_the_key_not_run_warm(tmp_path: Path) -> None:
+    # See Note [Pre-grad passes after the cache lookup] in aotkit_frontends: a user's
+    # pre-grad pass runs on a miss only; its uuid is part of aotkit's key (another uuid
+    # traces again) and of Inductor's artifact handle (a warm start still loads Inductor's
+    # artifacts by the stored key)
+    root = tmp_path / "pre_grad"
+    cold = _wait(_start(root, pre_grad="a"))
+    assert cold["counters"]["trace"] == 2 and cold["counters"]["store"] == 2
+    assert cold["pre_grad_calls"] == 2 and cold["pre_grad_runs"] == 2
+    warm = _wait(_start(root, pre_grad="a"))
+    _same(warm, cold)
+    assert "trace" not in warm["counters"] and warm["counters"]["hit"] == 2
+    assert warm["pre_grad_calls"] == 0 and warm["pre_grad_runs"] == 0
+    assert warm["fx_graph_hashes"] == 0 and warm["fxgraph_cache_hit"] == 3
+    other = _wait(_start(root, pre_grad="b"))
+    _same(other, cold)
+    assert other["counters"]["trace"] == 2 and "hit" not in other["counters"]
+    assert other["pre_grad_calls"] == 2
+
+
+def test_convnet_warm_start_with_layout_optimization(tmp_path: Path) -> None:
+    # the cold forward saves channels-last activations (Inductor's layout optimization);
+    # the restored forward compiles without it (See Note [Layout optimization in
+    # aotkit_inductor]), so the warm backward gets contiguous ones and must not load the
+    # cold backward's artifact, compiled for channels-last inputs: it failed Inductor's
+    # stride asserts (See Note [Inductor artifact keys])
+    root = tmp_path / "convnet"
+    cold = _wait(_start(root, model="convnet", batch=4))
+    assert cold["counters"]["trace"] == 2
+    warm = _wait(_start(root, model="convnet", batch=4))  # checked against eager inside
+    assert "trace" not in warm["counters"] and warm["counters"]["hit"] == 2
+    # not bitwise: the cold forward's convolutions ran channels-last, the warm one's do not
+    for field in ("out", "grads", "inference"):
+        got = [torch.tensor(v) for v in warm[field]] if field == "grads" else [torch.tensor(warm[field])]
+        want = [torch.tensor(v) for v in cold[field]] if field == "grads" else [torch.tensor(cold[field])]
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
 
 
 def test_dynamic_shapes_warm_start_loads_by_stored_key(tmp_path: Path) -> None:

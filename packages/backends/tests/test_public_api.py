@@ -19,6 +19,7 @@ def test_all() -> None:
         "inductor_compiler",
         "inductor_decompositions",
         "inductor_joint_graph_passes",
+        "inductor_pre_grad_passes",
         "inductor_settings_key",
         "inductor_unavailable_reason",
         "is_boxed",

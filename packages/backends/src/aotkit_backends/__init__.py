@@ -19,6 +19,7 @@ from ._inductor import make_inductor_compiler as make_inductor_compiler
 from ._inductor_passes import GraphRole as GraphRole
 from ._inductor_passes import joint_graph_passes as inductor_joint_graph_passes
 from ._inductor_passes import mark_user_visible_outputs as mark_user_visible_outputs
+from ._inductor_pre_grad import inductor_pre_grad_passes as inductor_pre_grad_passes
 from ._inductor_settings import InductorSettingsUndescribable as InductorSettingsUndescribable
 from ._inductor_settings import inductor_settings_key as inductor_settings_key
 from ._nop import nop as nop
@@ -35,6 +36,7 @@ __all__ = [
     "inductor_compiler",
     "inductor_decompositions",
     "inductor_joint_graph_passes",
+    "inductor_pre_grad_passes",
     "inductor_settings_key",
     "inductor_unavailable_reason",
     "make_inductor_compiler",

@@ -20,9 +20,15 @@ Inductor's artifact without recomputing Inductor's cache key.
 #     ``compile_fx_inner``, which recomputes the key and compiles on a miss.
 # Why the stored key still names the right artifact: Inductor's key is a function of the
 # graph, its example inputs' metadata, the compile's keyword arguments and the settings
-# ``FxGraphHashDetails`` collects. aotkit's own entry key already fixes the graph and its
-# inputs (the restored graph is the one that was compiled). The settings hash covers every
-# other part, read directly and cheaply:
+# ``FxGraphHashDetails`` collects. aotkit's own entry key already fixes the graph (the
+# restored graph is the one that was compiled), but not all of its inputs' layouts: the
+# backward's saved-tensor inputs take the strides the compiled forward gave them (See Note
+# [Saved tensors keep the compiled forward's strides] in aotkit_capture), and a restored
+# forward is compiled without layout optimization (See Note [Layout optimization in
+# aotkit_inductor] in aotkit_frontends), so a warm backward may get contiguous inputs where
+# the cold one got channels-last (the stored artifact then failed its stride asserts). The
+# settings hash covers the inputs' layouts and every other part, read directly and
+# cheaply:
 #   * Inductor's and its comms config (``save_config_portable``, as Inductor hashes them),
 #     the cache-key tag, the compile's keyword arguments (role, static inputs), deterministic
 #     algorithms, default dtype, matmul settings, thread count, provenance tracking,
@@ -30,9 +36,11 @@ Inductor's artifact without recomputing Inductor's cache key.
 #   * the sources of torch and triton by each file's path, size and modification time
 #     (``torch_key``/``triton_key`` read and hash every byte: most of the cost avoided) plus
 #     torch's version and git revision, CUDA/HIP versions and the devices' names and
-#     Inductor device interfaces' cache information, as ``CacheBase.get_system`` reads them.
+#     Inductor device interfaces' cache information, as ``CacheBase.get_system`` reads them;
+#   * ``config.pre_grad_custom_pass`` by its passes' ``uuid()``, as Inductor's key holds it.
 # Anything the hash cannot describe turns the handle off (the compile then goes through
-# ``compile_fx_inner`` as before): custom graph passes or partitioner, custom backend
+# ``compile_fx_inner`` as before): a pre-grad custom pass without ``uuid()``, other custom
+# graph passes or partitioner, custom backend
 # passes or codegen configs, a cudagraph policy or annotation, a remote FX graph cache,
 # caches disabled, bundled autograd cache, AOT mode, symbolic inputs Inductor cannot guard
 # (See Note [Inductor artifact keys for dynamic shapes]), a graph with higher-order ops or
@@ -181,7 +189,7 @@ def _passes_describable() -> list[Any]:
     )
 
     for name in (
-        "pre_grad_custom_pass", "post_grad_custom_pre_pass", "post_grad_custom_post_pass",
+        "post_grad_custom_pre_pass", "post_grad_custom_post_pass",
         "joint_custom_pre_pass", "joint_custom_post_pass", "custom_partitioner_fn",
         "cudagraph_policy",
     ):
@@ -191,7 +199,7 @@ def _passes_describable() -> list[Any]:
         v is not None for v in custom_backend_codegen_configs.values()
     ):
         raise _NoHandle("custom backend passes or codegen configs")
-    named = []
+    named: list[Any] = [_pre_grad_uuids(config.pre_grad_custom_pass)]
     for name in ("_pre_fusion_custom_pass", "_post_fusion_custom_pass",
                  "_fuse_ddp_communication_passes"):
         value = getattr(config, name, None)
@@ -202,7 +210,39 @@ def _passes_describable() -> list[Any]:
     return named
 
 
-def _settings_hash(kwargs: dict[str, Any]) -> str:
+def _pre_grad_uuids(custom: Any) -> list[Any] | None:
+    """``config.pre_grad_custom_pass`` as Inductor's FX-graph-cache key describes it: each
+    pass by its ``uuid()`` (aotkit_inductor has run them before compiling: See Note
+    [Inductor pre-grad passes]). Raises _NoHandle for a pass without one."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass, get_custom_graph_passes
+
+    passes = get_custom_graph_passes(custom)
+    if not passes:
+        return None
+    uuids = []
+    for p in passes:
+        uuid = p.uuid() if isinstance(p, CustomGraphPass) else None
+        if not isinstance(uuid, str | bytes) or not uuid:
+            raise _NoHandle("config.pre_grad_custom_pass holds a pass without uuid()")
+        uuids.append(uuid if isinstance(uuid, str) else uuid.hex())
+    return uuids
+
+
+def _input_layouts(fake_inputs: Sequence[Any]) -> list[Any]:
+    """Each example input's dtype, device, sizes, strides and offset (symbolic ones by
+    their expressions). See Note [Inductor artifact keys]: the backward's inputs take the
+    strides the compiled forward gave them, which the restored graph does not fix."""
+    out: list[Any] = []
+    for x in fake_inputs:
+        if isinstance(x, torch.Tensor):
+            out.append([str(x.dtype), str(x.device), [str(d) for d in x.shape],
+                        [str(d) for d in x.stride()], str(x.storage_offset())])
+        else:
+            out.append(type(x).__name__)
+    return out
+
+
+def _settings_hash(kwargs: dict[str, Any], fake_inputs: Sequence[Any]) -> str:
     """See Note [Inductor artifact keys]. Raises _NoHandle."""
     from torch._inductor import config
     from torch._inductor.utils import should_use_remote_fx_graph_cache
@@ -248,6 +288,7 @@ def _settings_hash(kwargs: dict[str, Any]) -> str:
             torch.get_float32_matmul_precision(),
         ],
         "coor": _coor(),
+        "inputs": _input_layouts(fake_inputs),
     }
     try:
         text = json.dumps(settings, sort_keys=True, allow_nan=False)
@@ -322,7 +363,8 @@ def remember(
     try:
         if not _graph_describable(gm, fake_inputs) and compiled.guards_expr:
             return  # guards without symbolic inputs: not a case Inductor makes
-        record_artifact_key(gm, f"{_PREFIX}/{_settings_hash(full_kwargs(kwargs))}/{key}")
+        settings = _settings_hash(full_kwargs(kwargs), fake_inputs)
+        record_artifact_key(gm, f"{_PREFIX}/{settings}/{key}")
     except _NoHandle as e:
         _log.debug("Inductor's cache key not stored with the graph: %s", e)
     except Exception as e:  # an optimization only: never an error
@@ -342,8 +384,9 @@ def load(gm: torch.fx.GraphModule, fake_inputs: list[Any], kwargs: dict[str, Any
     try:
         symbolic = _graph_describable(gm, fake_inputs)
         graph_kwargs = full_kwargs(kwargs)
-        if _settings_hash(graph_kwargs) != parts[1]:
-            _log.debug("Inductor's settings changed since the graph was cached; compiling")
+        if _settings_hash(graph_kwargs, fake_inputs) != parts[1]:
+            _log.debug("Inductor's settings or the inputs' layouts changed since the graph "
+                       "was cached; compiling")
             return None
         return _load_by_key(parts[2], gm, fake_inputs, graph_kwargs, symbolic)
     except _NoHandle as e:

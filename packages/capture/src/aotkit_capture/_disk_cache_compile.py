@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -74,6 +74,7 @@ def compile_flat(
     *,
     cache_identity: str | None = None,
     cache_sidecar: CacheSidecar | None = None,
+    before_trace: Callable[[], None] | None = None,
 ) -> tuple[Runner, CompiledArtifacts]:
     """Trace, partition and compile ``flat_fn`` for inputs shaped like ``flat_args``.
 
@@ -82,10 +83,14 @@ def compile_flat(
     (``program_fingerprint``) to look the compilation up in, and store it to, the on-disk
     cache; None leaves the disk alone. ``cache_sidecar``: frontend state the trace fills in
     (the output layout), stored with the entry and restored on a hit. See Note [On-disk
-    compile cache].
+    compile cache]. ``before_trace``: called when the compilation is not restored from the
+    disk (its lookup missed, or no ``cache_identity``), before the inputs are fakified and
+    ``flat_fn`` is traced; the key must already cover what it does (aot_module_simplified's
+    late pre-grad passes: See Note [Pre-grad passes after the cache lookup] in
+    aotkit_frontends).
     """
     with deferred_full_collections():  # See Note [Full collections deferred during a compile]
-        return _compile_flat(flat_fn, flat_args, cfg, cache_identity, cache_sidecar)
+        return _compile_flat(flat_fn, flat_args, cfg, cache_identity, cache_sidecar, before_trace)
 
 
 def _compile_flat(
@@ -94,6 +99,7 @@ def _compile_flat(
     cfg: AOTConfig,
     cache_identity: str | None,
     cache_sidecar: CacheSidecar | None,
+    before_trace: Callable[[], None] | None,
 ) -> tuple[Runner, CompiledArtifacts]:
     key = cache_key_or_none(cache_identity, flat_args, cfg)
     symbolic = key is not None and symbolic_kind(flat_args, cfg) is not None
@@ -104,6 +110,8 @@ def _compile_flat(
         if restored is not None:
             cache_counters["hit"] += 1
             return restored
+    if before_trace is not None:
+        before_trace()
     cache_counters["trace"] += 1
     # See Note [BatchNorm's cumulative moving average]; See Note [Generators created
     # while tracing]: checked before the store below

@@ -56,6 +56,7 @@ from aotkit_backends import (
     GraphRole,
     inductor_decompositions,
     inductor_joint_graph_passes,
+    inductor_pre_grad_passes,
     inductor_settings_key,
     make_inductor_compiler,
     mark_user_visible_outputs,
@@ -359,6 +360,8 @@ aotkit_inductor = AotAutograd(
     partition_fn=_inductor_partition,
     decompositions=inductor_decompositions,
     keep_inference_input_mutations=True,
+    # See Note [Inductor pre-grad passes] in aotkit_backends
+    pre_grad_passes=inductor_pre_grad_passes,
 )
 _BACKENDS = {"aotkit_eager": aotkit_eager, "aotkit_inductor": aotkit_inductor}
 for _name, _backend in _BACKENDS.items():

@@ -37,6 +37,7 @@ from torch.nn.utils import stateless
 
 from ._aot_function import _resolve_partitioner, fingerprint_or_none, make_config
 from ._outputs import OutputLayout
+from ._pre_grad import check_tensors_kept, passes_identity, pre_grad_timing, tensor_slots
 from ._runtime_asserts import (
     Check,
     checking_fake_constants,
@@ -163,7 +164,9 @@ def aot_module_simplified(
     Note [aot_module_simplified calling convention]. ``args`` may be fake tensors: when
     their FakeTensorMode has a ShapeEnv, that mode (and its symbolic sizes) is reused.
     Dynamo's metadata (parameter sources, static inputs) is honoured when present.
-    ``pre_grad_passes(gm, args)`` rewrites a GraphModule before it is traced.
+    ``pre_grad_passes(gm, args)`` rewrites a GraphModule before it is traced: by default
+    after the on-disk cache lookup, on a miss only, as torch runs them after its cache
+    lookup (See Note [Pre-grad passes after the cache lookup]).
     ``ignore_shape_env=True`` compiles for static shapes even when the fake inputs carry a
     ShapeEnv. Accepted for compatibility and ignored: ``compiler_config_extra`` and
     ``compile_region_name`` (torch's compile cache and logging), ``cudagraphs`` (older
@@ -178,8 +181,13 @@ def aot_module_simplified(
     aot_module_simplified].
     """
     del compiler_config_extra, compile_region_name, cudagraphs
+    # See Note [Pre-grad passes after the cache lookup]
+    late_passes = None
     if pre_grad_passes is not None and isinstance(mod, torch.fx.GraphModule):
-        mod = pre_grad_passes(mod, args)
+        if pre_grad_timing() == "early":
+            mod = pre_grad_passes(mod, args)
+        else:
+            late_passes = pre_grad_passes
     named = {
         **dict(mod.named_parameters(remove_duplicate=False)),
         **dict(mod.named_buffers(remove_duplicate=False)),
@@ -201,6 +209,16 @@ def aot_module_simplified(
     )
     outputs = OutputLayout()
     num_params = len(params_flat)
+    before_trace: Callable[[], None] | None = None
+    if late_passes is not None:
+        passes, gm, slots = late_passes, cast(torch.fx.GraphModule, mod), tensor_slots(mod)
+
+        def run_passes() -> None:  # on a miss: See Note [Pre-grad passes after the cache lookup]
+            nonlocal mod
+            mod = passes(gm, args)
+            check_tensors_kept(slots, mod)
+
+        before_trace = run_passes
 
     def functional_call(*flat: Any) -> list[Any]:
         # See Note [Contexts that span the backward trace]
@@ -218,8 +236,11 @@ def aot_module_simplified(
     debug_assert = functorch_config.debug_assert
     # See Note [On-disk compile cache] in aotkit_capture
     identity = fingerprint_or_none(mod) if disk_cache_enabled(_DISK_CACHE_DEFAULT.get()) else None
+    if late_passes is not None:
+        identity = passes_identity(identity, late_passes)
     runner, artifacts = compile_flat(
-        functional_call, full_args, cfg, cache_identity=identity, cache_sidecar=outputs
+        functional_call, full_args, cfg, cache_identity=identity, cache_sidecar=outputs,
+        before_trace=before_trace,
     )
     # See Note [Runtime checks of aot_module_simplified]
     register_duplicate_guards(artifacts.layout, sources)
