@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 import torch
 from _harness import Run, aotkit_meta, compare_runs, compile_problems, run_case, unsafe_view_outputs
 from aotkit_functional import has_internal_overlap, overlaps_itself
