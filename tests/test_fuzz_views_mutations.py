@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import pytest
 import torch
 from _harness import Run, aotkit_meta, compare_runs, compile_problems, run_case, unsafe_view_outputs
 from aotkit_functional import has_internal_overlap, overlaps_itself
@@ -692,22 +691,13 @@ FUZZ_FOUND_PROGRAMS += (
     ),
 )
 
-def test_fuzz_found_programs_match_eager() -> None:
-    for program in FUZZ_FOUND_PROGRAMS:
-        problems = check_program(program)
-        assert not problems, program.source() + "\n" + "\n".join(problems)
-
-
-# Found with seed 59 (1,000 examples), not fixed yet (open in issue 13; strict, so a fix
-# shows up as an unexpected pass): a plain input (no input requires grad: an inference
-# graph) written in place with a value computed from a leaf made inside the function
-# (``x.add_(torch.full(...).requires_grad_().mean())``). Eager's input then requires grad
-# and is no longer a leaf (its grad_fn reaches the hidden leaf), and so do its views;
-# aotkit copies the value into the input under no_grad, so the input stays a leaf that
-# needs no grad (values are right). Also without the views. The fix belongs with Note
-# [Inference graphs and leaves made inside the function] in aotkit_runtime: the input
-# mutation must be applied with grad from a hidden leaf, as the rooted outputs are.
-OPEN_FUZZ_PROGRAMS = (
+# Found with seed 59 (1,000 examples): a plain input (no input requires grad: an
+# inference graph) written in place with a value computed from a leaf made inside the
+# function (``x.add_(torch.full(...).requires_grad_().mean())``). Eager's input then
+# requires grad and is no longer a leaf, and so do its views; aotkit copied the value in
+# under no_grad (values right, flags wrong). See Note [Inference graphs and leaves made
+# inside the function] in aotkit_runtime.
+FUZZ_FOUND_PROGRAMS += (
     Program(
         (4,),
         (InputSpec("plain"),),
@@ -718,12 +708,11 @@ OPEN_FUZZ_PROGRAMS = (
 )
 
 
-@pytest.mark.parametrize("index", range(len(OPEN_FUZZ_PROGRAMS)), ids=["seed59_input_written_from_fresh_leaf"])
-@pytest.mark.xfail(strict=True, reason="open divergence from eager (issue 13): an input of an inference graph written from a leaf made inside stays a leaf without requires_grad")
-def test_open_fuzz_programs_match_eager(index: int) -> None:
-    program = OPEN_FUZZ_PROGRAMS[index]
-    problems = check_program(program)
-    assert not problems, program.source() + "\n" + "\n".join(problems)
+def test_fuzz_found_programs_match_eager() -> None:
+    for program in FUZZ_FOUND_PROGRAMS:
+        problems = check_program(program)
+        assert not problems, program.source() + "\n" + "\n".join(problems)
+
 
 # A leaf made inside a function none of whose inputs requires grad (an inference graph),
 # and outputs computed from or viewing it: eager's outputs require grad and have a grad_fn

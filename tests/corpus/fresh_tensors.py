@@ -267,3 +267,28 @@ def grad_views_of_mutated_intermediate_then_output_mutated(x):
     y = x.sin()
     y.view(-1).add_(1)
     return y.view(3, 2), y.view(-1)
+
+
+# ---- an input written from a leaf made inside, in an inference graph -------------------
+# Eager's input then requires grad and is not a leaf (fuzzer seed 59; See Note [Inference
+# graphs and leaves made inside the function] in aotkit_runtime).
+
+_TORCH_INPUT_FROM_FRESH_LEAF = TorchDiffers(
+    "torch copies the value into the input without grad: the input stays a leaf that "
+    "needs no grad"
+)
+
+
+@case(inputs=lambda: (rand(4),), torch_differs=_TORCH_INPUT_FROM_FRESH_LEAF)
+def input_written_from_leaf_made_inside(x):
+    w = torch.full((4,), 0.5).requires_grad_()
+    x.add_(w.mean())
+    return (x * 2,)
+
+
+@case(inputs=lambda: (rand(2, 3),), torch_differs=_TORCH_INPUT_FROM_FRESH_LEAF)
+def input_view_written_from_leaf_made_inside(x):
+    w = torch.full((3,), 0.5).requires_grad_()
+    v = x.reshape(-1)
+    v.add_(w.sum())
+    return (v,)
