@@ -258,3 +258,67 @@ def input_requires_grad_turned_on_no_other_grad(a, b):
 def input_requires_grad_turned_off(a, b):
     b.requires_grad_(False)
     return a * b
+
+
+# ---- a view made under no_grad of an intermediate rebuilt after a mutation -------------
+# The mutation through ``y`` makes the graph rebuild the intermediate as ``view(add)``;
+# returned as such a view from the compiled Function, the base's root was the graph's
+# own ``add``, and the output regenerated from it under no_grad did not require grad.
+# Eager's does (it views ``x.sin()``), and a backward through it raises (fuzzer seed 53;
+# See Note [Intermediate bases are plain tensors] in aotkit_runtime).
+
+_NO_GRAD_VIEW_PLAIN = TorchDiffers(
+    "torch returns the no_grad view as a plain output of its Function (a grad_fn, not a "
+    "view): the backward runs where eager's raises"
+)
+
+
+@case(inputs=lambda: (nonleaf(4),), torch_differs=_NO_GRAD_VIEW_PLAIN, eager_raises=True)
+def no_grad_view_of_mutated_intermediate_then_input_updated_with_it(x):
+    y = x.sin().reshape(-1)
+    y.add_(1.5)
+    with torch.no_grad():
+        v = y.reshape(-1)
+    x.add_(v.mean())
+    return (v,)
+
+
+@case(inputs=lambda: (rand(2, 3, grad=True),), torch_differs=_NO_GRAD_VIEW_PLAIN, eager_raises=True)
+def no_grad_view_of_mutated_intermediate(x):
+    y = x.sin()
+    y.view(-1).mul_(2)
+    with torch.no_grad():
+        v = y.t()
+    return (v,)
+
+
+@case(inputs=lambda: (rand(2, 3, grad=True),))
+def grad_views_of_mutated_intermediate_then_output_mutated(x):
+    y = x.sin()
+    y.view(-1).add_(1)
+    return y.view(3, 2), y.view(-1)
+
+
+# ---- an input written from a leaf made inside, in an inference graph -------------------
+# Eager's input then requires grad and is not a leaf (fuzzer seed 59; See Note [Inference
+# graphs and leaves made inside the function] in aotkit_runtime).
+
+_TORCH_INPUT_FROM_FRESH_LEAF = TorchDiffers(
+    "torch copies the value into the input without grad: the input stays a leaf that "
+    "needs no grad"
+)
+
+
+@case(inputs=lambda: (rand(4),), torch_differs=_TORCH_INPUT_FROM_FRESH_LEAF)
+def input_written_from_leaf_made_inside(x):
+    w = torch.full((4,), 0.5).requires_grad_()
+    x.add_(w.mean())
+    return (x * 2,)
+
+
+@case(inputs=lambda: (rand(2, 3),), torch_differs=_TORCH_INPUT_FROM_FRESH_LEAF)
+def input_view_written_from_leaf_made_inside(x):
+    w = torch.full((3,), 0.5).requires_grad_()
+    v = x.reshape(-1)
+    v.add_(w.sum())
+    return (v,)

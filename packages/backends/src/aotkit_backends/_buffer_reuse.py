@@ -30,7 +30,8 @@
 # the forward's ``addmm``, saved for a min-cut backward that recomputes the GELU from it,
 # into ``x + 0.044715 * x**3``, and aotkit_eager trained albert, gpt_neo, gptj, phi and
 # mobilebert with wrong gradients. These ops are followed to their first argument as the
-# schema-annotated views are (``_ALIASES_DESPITE_SCHEMA``).
+# schema-annotated views are (See Note [Ops that alias despite their schema] in
+# aotkit_schemas).
 #
 # Because a wrong guess here corrupts a saved activation in silence, the static analysis
 # is backed by a check at run time: ``a.add_(b)`` runs only when no other tensor shares
@@ -48,7 +49,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.fx
-from aotkit_schemas import dense_and_non_overlapping, static_value_spec
+from aotkit_schemas import aliases_despite_schema, dense_and_non_overlapping, static_value_spec
 
 _ADD = torch.ops.aten.add.Tensor
 _SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
@@ -57,18 +58,6 @@ _SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 # per overload: (its schema is mutable, one of its returns aliases an input); reading a
 # schema builds Python objects for all its arguments, and a graph calls few distinct ops
 _SCHEMA_FACTS: dict[torch._ops.OpOverload, tuple[bool, bool]] = {}
-
-# ops whose result may share its first argument's memory though their schema says it is
-# fresh (See Note [In-place accumulation in graph functions])
-_ALIASES_DESPITE_SCHEMA = frozenset({
-    "aten::_unsafe_view",
-    "aten::unsafe_split",
-    "aten::unsafe_split_with_sizes",
-    "aten::_reshape_from_tensor",
-    "aten::broadcast_tensors",
-    "aten::lift",
-})
-
 
 def _storage_use_count(t: torch.Tensor) -> int:
     return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
@@ -91,7 +80,7 @@ def _schema_facts(op: torch._ops.OpOverload) -> tuple[bool, bool]:
         schema = op._schema
         facts = _SCHEMA_FACTS[op] = (
             schema.is_mutable,
-            schema.name in _ALIASES_DESPITE_SCHEMA
+            aliases_despite_schema(op)
             or any(r.alias_info is not None for r in schema.returns),
         )
     return facts

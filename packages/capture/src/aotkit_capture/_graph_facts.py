@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_functional import as_plain_tensor
-from aotkit_schemas import OutputType, ViewAndMutationMeta, graph_outputs
+from aotkit_schemas import OutputType, ViewAndMutationMeta, aliases_despite_schema, graph_outputs
 
 
 def plain_view_outputs(
@@ -46,7 +46,14 @@ def plain_view_outputs(
 
 
 def view_root(node: torch.fx.Node) -> torch.fx.Node:
-    while is_view_node(node) and isinstance(node.args[0], torch.fx.Node):
+    """The node whose memory ``node``'s value lives in: views are followed to their first
+    argument, and so are ops that alias despite their schema (``_unsafe_view``, which
+    functionalization emits when it replays a ``reshape`` after a mutation: two outputs
+    rooted at one ``add`` through it share memory, as eager's two views of one base). See
+    Note [Ops that alias despite their schema] in aotkit_schemas."""
+    while (
+        is_view_node(node) or _aliases_despite_schema(node)
+    ) and isinstance(node.args[0], torch.fx.Node):
         node = node.args[0]
     return node
 
@@ -56,6 +63,14 @@ def is_view_node(node: torch.fx.Node) -> bool:
         node.op == "call_function"
         and isinstance(node.target, torch._ops.OpOverload)
         and node.target.is_view
+    )
+
+
+def _aliases_despite_schema(node: torch.fx.Node) -> bool:
+    return (
+        node.op == "call_function"
+        and isinstance(node.target, torch._ops.OpOverload)
+        and aliases_despite_schema(node.target)
     )
 
 

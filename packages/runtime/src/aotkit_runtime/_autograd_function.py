@@ -27,6 +27,20 @@ the backward's inputs.
 # "modified by an inplace operation" at backward. So such an output is saved for backward
 # too, and unpacking it checks its version.
 
+# Note [Intermediate bases are plain tensors]
+# The extra forward returns that outputs aliasing an intermediate are regenerated from
+# (See Note [Output aliasing kinds]) are returned as plain tensors too, when the graph
+# computes them as views of its own intermediates (after a mutation through a view,
+# functionalization rebuilds the base as ``view(add)``). Eager's alias is a view of that
+# intermediate, a tensor that requires grad. Returned as a view, the base's root would be
+# the graph's ``add``, made where autograd does not record: a view regenerated from it
+# under no_grad (See Note [Views of inputs made under no_grad] in aotkit_runtime's
+# epilogue) takes ``requires_grad`` from that root and came back not requiring grad,
+# where eager's requires grad (and its backward raises). Plain, the base is the root, as
+# eager's intermediate is; its version is guarded like an unsafe view's when its memory
+# is also saved for backward, so an in-place change of a regenerated alias still fails
+# the backward as in eager.
+
 # Note [Specialised runtime paths]
 # The Function's forward, backward and ``run`` are built per compiled program, and every
 # feature a program does not use costs nothing per call: with no opaque returns, no
@@ -187,6 +201,8 @@ def make_autograd_function(
                 if out.output_type is OutputType.unsafe_view_alias
             }
             | set(plan.plain_view_outputs)
+            # See Note [Intermediate bases are plain tensors]
+            | {n_mut + meta.num_outputs + k for k in range(meta.num_intermediate_bases)}
         )
     )
     assert not opaque & set(tangent_positions), "a tangent slot can't be opaque"

@@ -104,6 +104,7 @@ def needs_epilogue(meta: ViewAndMutationMeta) -> bool:
         or any(info.fresh_leaf for info in meta.output_info)
         or bool(_rooted_outputs(meta))
         or bool(_rooted_bases(meta))
+        or bool(_rooted_inputs(meta))
     )
 
 
@@ -121,7 +122,11 @@ def needs_epilogue(meta: ViewAndMutationMeta) -> bool:
 #     tensor made inside) becomes a full view of its leaf, as eager's view of the leaf;
 #   * the base of aliases of an intermediate that required grad is made such a leaf
 #     before the aliases are regenerated from it, so they are views with a view grad_fn,
-#     as eager's views of the leaf.
+#     as eager's views of the leaf;
+#   * an input the function wrote, with autograd watching, a value computed from such a
+#     leaf (``x.add_(w.mean())``) requires grad and is no longer a leaf in eager: the
+#     value is copied into it from a hidden leaf with grad on, which gives it a grad_fn
+#     (and the views of it regenerated afterwards require grad too).
 # Grad mode is on for both (the trace says the function had it on where it made them).
 _PLAIN_OUTPUTS = (OutputType.non_alias, OutputType.unsafe_view_alias)
 _INTERMEDIATE_BASES = (
@@ -140,6 +145,22 @@ def _rooted_outputs(meta: ViewAndMutationMeta) -> tuple[tuple[int, bool], ...]:
         (j, info.output_type is OutputType.unsafe_view_alias)
         for j, info in enumerate(meta.output_info)
         if info.requires_grad and not info.fresh_leaf and info.output_type in _PLAIN_OUTPUTS
+    )
+
+
+def _rooted_inputs(meta: ViewAndMutationMeta) -> frozenset[int]:
+    """Inputs of an inference graph that the function wrote, with autograd watching, a
+    value that required grad at trace time (from a leaf it made). See Note [Inference
+    graphs and leaves made inside the function]."""
+    if meta.is_train:
+        return frozenset()
+    return frozenset(
+        idx
+        for idx in meta.mutated_inp_runtime_indices
+        if meta.input_info[idx].requires_grad
+        and meta.input_info[idx].mutates_data
+        and not meta.input_info[idx].mutations_hidden_from_autograd
+        and not meta.input_info[idx].mutations_under_no_grad_or_inference_mode
     )
 
 
@@ -218,6 +239,7 @@ def make_epilogue(
     # See Note [Inference graphs and leaves made inside the function]
     rooted_outputs = _rooted_outputs(meta)
     rooted_bases = _rooted_bases(meta)
+    rooted_inputs = _rooted_inputs(meta)
     # See Note [Leaves made inside the function] in aotkit_analysis
     fresh_leaves = tuple(j for j, info in enumerate(meta.output_info) if info.fresh_leaf)
 
@@ -234,10 +256,18 @@ def make_epilogue(
             a = args[idx]
             pre[idx] = a.as_strided(a.size(), a.stride(), a.storage_offset())
         for pos, idx, data, metadata, storage, hidden, leaf, in_chain in mutations:
+            new_layout = apply_view_meta_sequence(pre[idx], in_chain) if in_chain else None
+            if idx in rooted_inputs and not args[idx].requires_grad:
+                # See Note [Inference graphs and leaves made inside the function]
+                with torch.enable_grad():
+                    _apply_input_mutation(
+                        args[idx], _hidden_leaf(returns[pos]), data=data, metadata=metadata,
+                        storage=storage, hidden=hidden, leaf=leaf, new_layout=new_layout,
+                    )
+                continue
             _apply_input_mutation(
                 args[idx], returns[pos], data=data, metadata=metadata, storage=storage,
-                hidden=hidden, leaf=leaf,
-                new_layout=apply_view_meta_sequence(pre[idx], in_chain) if in_chain else None,
+                hidden=hidden, leaf=leaf, new_layout=new_layout,
             )
         outs = list(returns[n_mut : n_mut + n_out])
         bases = returns[n_mut + n_out :]

@@ -41,6 +41,8 @@ from ._node_values import StaticSpec as StaticSpec
 from ._node_values import dense_and_non_overlapping as dense_and_non_overlapping
 from ._node_values import static_value_spec as static_value_spec
 from ._node_values import tensor_static_spec as tensor_static_spec
+from ._op_aliases import ALIASES_DESPITE_SCHEMA as ALIASES_DESPITE_SCHEMA
+from ._op_aliases import aliases_despite_schema as aliases_despite_schema
 from ._protocols import RUNTIME_MUTATED_INPUT_KEY as RUNTIME_MUTATED_INPUT_KEY
 from ._protocols import CompiledGraph as CompiledGraph
 from ._protocols import Compiler as Compiler
@@ -127,6 +129,8 @@ __all__ = [
     "has_subclass",
     "StaticSpec",
     "dense_and_non_overlapping",
+    "ALIASES_DESPITE_SCHEMA",
+    "aliases_despite_schema",
     "static_value_spec",
     "tensor_static_spec",
     "is_boxed",
