@@ -451,6 +451,16 @@ def _symbolic_tensor(d: dict[str, Any], fake_mode: FakeTensorMode, env: dict[str
     return t
 
 
+# Note [Static input stamps of cached graphs]
+# The partitioners stamp each primal placeholder with ``meta["is_static_input"]`` (whether
+# it keeps its address from call to call), and aotkit_inductor reads the stamps to hand
+# Inductor torch's ``static_input_idxs`` (See Note [Static inputs of aotkit_inductor's
+# graphs] in aotkit_backends). The indices are part of Inductor's FX-graph-cache key, so a
+# restored graph carries the stamps: without them a warm start compiles with other
+# indices than the cold one and misses the Inductor artifact the entry stored.
+_STATIC_INPUT_KEY = "is_static_input"
+
+
 def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) -> dict[str, Any]:
     """``gm``'s graph in the structured form of Note [On-disk compile cache]; ``form``
     converts symbolic sizes (See Note [Dynamic shapes in the on-disk cache])."""
@@ -469,6 +479,9 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
         entry["kwargs"] = [[k, _arg_to_json(v)] for k, v in node.kwargs.items()]
         if node.op not in ("output", "get_attr"):
             entry["val"] = _val_to_json(node.meta.get("val"), form)
+        static = node.meta.get(_STATIC_INPUT_KEY)
+        if node.op == "placeholder" and isinstance(static, bool):
+            entry["static"] = static  # See Note [Static input stamps of cached graphs]
         nodes.append(entry)
     subgraphs = subgraphs_to_json(gm, lambda sub: graph_to_json(sub, form))
     # See Note [Higher-order operators in the on-disk cache]
@@ -522,6 +535,11 @@ def graph_from_json(
             raise CacheFormatError(f"node name {name!r} is not a valid identifier")
         if op == "placeholder":
             node.meta["val"] = _val_from_json(entry.get("val"), fake_mode, symbols)
+            static = entry.get("static")
+            if static is not None:
+                if not isinstance(static, bool):
+                    raise CacheFormatError(f"bad static flag of input {name}")
+                node.meta[_STATIC_INPUT_KEY] = static
         elif op not in ("output", "get_attr"):
             _set_value(node, entry.get("val"), fake_mode, symbols)
         env[name] = node
