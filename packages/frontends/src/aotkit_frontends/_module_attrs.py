@@ -227,6 +227,9 @@ class ModuleAttrs:
         self._unknown_reads: set[tuple[int, str]] = set()
         self._pending: KeyPart | None = None
         self._snapshots: dict[int, KeyPart] = {}  # id(artifacts) -> every slot's key value
+        # slots passed to the graph as inputs: See Note [Tensor attributes of aot_module's
+        # modules] in _tensor_attrs
+        self.tensor_inputs: list[int] = []
 
     def _add_slot(self, sub_id: int, attr: str, *, with_class: bool = False) -> int:
         prefix, sub = self._subs[sub_id]
@@ -341,9 +344,13 @@ class ModuleAttrs:
                 (*types, *(t for _, t in made)),
             )
         reads.update(self._always)
+        reads.update(self.tensor_inputs)
         if restored:
             reads = set(range(len(self._slots)))
+        tensor_inputs = set(self.tensor_inputs)
         for i in sorted(reads):
+            if i in tensor_inputs and issubclass(pending[1][i], torch.Tensor):
+                continue  # passed as an input (See Note [Tensor attributes of aot_module's modules])
             if _is_not_plain(pending[0][i]):
                 raise UnsupportedInputError(NOT_PLAIN_READ_MESSAGE.format(
                     name=self.names[i], type=pending[1][i].__name__
@@ -368,6 +375,51 @@ class ModuleAttrs:
             found.append((sub_id, attr))
         self._unknown_reads = set()
         return found
+
+    def take_tensor_reads(self) -> bool:
+        """Make the attributes holding a tensor that the running compilation read
+        (watched slots, or names that are not slots) inputs of later compilations; True if
+        there were new ones. See Note [Tensor attributes of aot_module's modules]."""
+        reads = self._reads or set()
+        new = [
+            i for i in sorted(reads)
+            if i not in self.tensor_inputs
+            and isinstance(self._slots[i][0].get(self._slots[i][1], None), torch.Tensor)
+        ]
+        for sub_id, attr in sorted(self._unknown_reads):
+            _, sub = self._subs[sub_id]
+            value = sub.__dict__.get(attr)
+            if not isinstance(value, torch.Tensor) or attr in self._index[sub_id]:
+                continue
+            slot = self._add_slot(sub_id, attr)
+            self._made_later[slot] = (_key_value(value), type(value))
+            new.append(slot)
+        self.tensor_inputs.extend(new)
+        return bool(new)
+
+    def tensor_input_values(self) -> tuple[Any, ...]:
+        """The current values of the tensor-input slots: a tensor, or None when the
+        attribute holds something else now (its key part then differs)."""
+        values = []
+        for i in self.tensor_inputs:
+            table, attr = self._slots[i]
+            value = table.get(attr, None)
+            values.append(value if isinstance(value, torch.Tensor) else None)
+        return tuple(values)
+
+    def tensor_input_places(self) -> list[tuple[dict[str, Any], str, str]]:
+        """``(module.__dict__, attribute, name)`` of each tensor-input slot."""
+        places = []
+        for i in self.tensor_inputs:
+            _, sub = self._subs[self._slot_owner(i)]
+            places.append((sub.__dict__, self._slots[i][1], self.names[i]))
+        return places
+
+    def _slot_owner(self, slot: int) -> int:
+        for sub_id, own in self._index.items():
+            if slot in own.values():
+                return sub_id
+        raise KeyError(slot)
 
     def tensor_attribute_reads(self) -> list[str]:
         """The names of the plain tensor attributes (not parameters or buffers) the failed
