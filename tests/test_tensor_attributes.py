@@ -234,3 +234,13 @@ def test_aot_function_of_a_module_names_the_attribute(make: Callable[[], nn.Modu
     path = r"self\.sub\.t" if isinstance(mod, Outer) else r"self\.t"
     with pytest.raises(CapturedTensorError, match=path + r".*neither a parameter nor a buffer"):
         aot_function(mod, nop)(torch.randn(2, 3))
+
+
+def test_modules_with_tensor_attributes_are_not_stored_on_disk() -> None:
+    """A restored entry runs no trace, so it could not find a tensor attribute read."""
+    from aotkit_frontends._module_attrs import ModuleAttrs
+
+    for mod, stored in ((InitTensor(), False), (nn.Linear(3, 3), True)):
+        attrs = ModuleAttrs(mod)
+        attrs.begin_compile()
+        assert (attrs.disk_identity("program") is not None) == stored

@@ -205,6 +205,7 @@ class ModuleAttrs:
     def __init__(self, mod: nn.Module) -> None:
         self.names: list[str] = []
         self._slots: list[tuple[dict[str, Any], str]] = []
+        self._owners: list[int] = []  # id of each slot's submodule
         # id(submodule) -> {attribute: slot}; the submodules are kept alive by ``mod``
         self._index: dict[int, dict[str, int]] = {}
         self._subs: dict[int, tuple[str, nn.Module]] = {}
@@ -240,6 +241,7 @@ class ModuleAttrs:
         # See Note [Class attributes read by forward]
         table: Any = _InstanceThenClass(sub) if with_class else sub.__dict__
         self._slots.append((table, attr))
+        self._owners.append(sub_id)
         return slot
 
     def _rescan(self) -> list[int]:
@@ -409,17 +411,11 @@ class ModuleAttrs:
 
     def tensor_input_places(self) -> list[tuple[dict[str, Any], str, str]]:
         """``(module.__dict__, attribute, name)`` of each tensor-input slot."""
-        places = []
-        for i in self.tensor_inputs:
-            _, sub = self._subs[self._slot_owner(i)]
-            places.append((sub.__dict__, self._slots[i][1], self.names[i]))
-        return places
-
-    def _slot_owner(self, slot: int) -> int:
-        for sub_id, own in self._index.items():
-            if slot in own.values():
-                return sub_id
-        raise KeyError(slot)
+        subs = [self._subs[self._owners[i]][1] for i in self.tensor_inputs]
+        return [
+            (sub.__dict__, self._slots[i][1], self.names[i])
+            for sub, i in zip(subs, self.tensor_inputs, strict=True)
+        ]
 
     def tensor_attribute_reads(self) -> list[str]:
         """The names of the plain tensor attributes (not parameters or buffers) the failed
@@ -440,6 +436,11 @@ class ModuleAttrs:
         vals, types = self._pending
         if any(map(_is_not_plain, vals)):
             return None
+        # a tensor attribute may be read by a trace that a restored entry never runs (See
+        # Note [Tensor attributes of aot_module's modules] in _tensor_attrs): not stored
+        for _, sub in self._subs.values():
+            if any(isinstance(v, torch.Tensor) for v in sub.__dict__.values()):
+                return None
         typed = repr([
             (name, t.__module__, t.__qualname__, v)
             for name, v, t in zip(self.names, vals, types, strict=True)

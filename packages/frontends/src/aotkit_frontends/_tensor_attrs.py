@@ -35,7 +35,9 @@
 #     dropped, must not run on the user's tensor (``self.count.add_(1)`` on the real
 #     tensor, once per trace pass, counted calls that never happened).
 # Tensors inside lists, dicts or tuples held by attributes are not inputs: a trace that
-# reads one still raises CapturedTensorError, which names the attribute.
+# reads one still raises CapturedTensorError, which names the attribute. A module with a
+# tensor in a plain attribute is not stored in the on-disk cache (a restored entry runs no
+# trace, so it could not discover the read).
 """
 
 from __future__ import annotations
