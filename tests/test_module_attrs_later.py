@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn as nn
 from aotkit_backends import nop
-from aotkit_capture import CapturedTensorError
 from aotkit_frontends import aot_module
 from functorch.compile import nop as torch_nop
 from torch._functorch import aot_autograd as torch_aot
@@ -170,14 +169,21 @@ class PlainTensorAttr(Base):
         return self.lin(x) * self.w
 
 
-def test_plain_tensor_attribute_raises_naming_it() -> None:
-    compiled = aot_module(PlainTensorAttr(), nop)
-    with pytest.raises(CapturedTensorError, match=r"read self\.w, a tensor stored as a plain") as e:
-        compiled(torch.randn(4, 3))
-    assert "register_buffer" in str(e.value)
+def test_plain_tensor_attribute_is_read_as_an_input() -> None:
+    """Before, a clear CapturedTensorError; now the tensor is a graph input read on every
+    call, as eager reads it (See Note [Tensor attributes of aot_module's modules])."""
+    torch.manual_seed(0)
+    eager = PlainTensorAttr()
+    mod = copy.deepcopy(eager)
+    compiled = aot_module(mod, nop)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(compiled(x), eager(x))
+    for m in (mod, eager):
+        m.w = torch.full((3,), -3.0)
+    torch.testing.assert_close(compiled(x), eager(x))
 
 
-def test_plain_tensor_attribute_of_a_submodule_is_named() -> None:
+def test_plain_tensor_attribute_of_a_submodule_is_read_as_an_input() -> None:
     class Outer(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -186,8 +192,15 @@ def test_plain_tensor_attribute_of_a_submodule_is_named() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.block(x)
 
-    with pytest.raises(CapturedTensorError, match=r"self\.block\.w"):
-        aot_module(Outer(), nop)(torch.randn(4, 3))
+    torch.manual_seed(0)
+    eager = Outer()
+    mod = copy.deepcopy(eager)
+    compiled = aot_module(mod, nop)
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(compiled(x), eager(x))
+    for m in (mod, eager):
+        m.block.w.mul_(5)
+    torch.testing.assert_close(compiled(x), eager(x))
 
 
 def test_unread_list_changes_never_recompile() -> None:

@@ -14,7 +14,6 @@ import pytest
 import torch
 import torch.nn as nn
 from aotkit_backends import nop
-from aotkit_capture import CapturedTensorError
 from aotkit_frontends import aot_module
 from aotkit_schemas import set_logs
 from functorch.compile import nop as torch_nop
@@ -120,10 +119,13 @@ def test_attribute_changed_to_a_non_plain_value_recompiles() -> None:
     _set((eager, mod), "scale", np.float64(5.0))  # another object: compiled again
     _check(eager, mod, compiled)
     assert len(cache.entries) == 3
-    # a tensor attribute is a captured tensor: a clear error, never the stale graph
+    # a tensor attribute is an input of the graph, read on each call (See Note [Tensor
+    # attributes of aot_module's modules]); before, a clear CapturedTensorError
     _set((eager, mod), "scale", torch.tensor(6.0))
-    with pytest.raises(CapturedTensorError, match="not one of its inputs"):
-        compiled(torch.randn(4, 3))
+    _check(eager, mod, compiled)
+    _set((eager, mod), "scale", torch.tensor(7.0))  # another tensor: read, not recompiled
+    _check(eager, mod, compiled)
+    assert len(cache.entries) == 4
 
 
 def test_builtin_layer_attributes_are_checked() -> None:

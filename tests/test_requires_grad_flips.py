@@ -170,6 +170,18 @@ def _same_tensor_twice() -> tuple[torch.Tensor, torch.Tensor]:
     return t, t
 
 
+def _use_before_flip(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    c = a * 2
+    a.requires_grad_()
+    return c + a, b * 1
+
+
+def _uses_with_another_before_flip(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    s = torch.mul(a, b).sum() + a.exp().mean()
+    a.requires_grad_()
+    return (a * s).sin() + s
+
+
 PROGRAMS: list[tuple[str, Callable[..., Any], Make]] = [
     ("flip, suite's program", _flip, lambda: (_ones(3, 3), _ones(3, 3, grad=True))),
     ("flip, no other input requires grad", _flip, lambda: (_ones(3, 3), _ones(3, 3))),
@@ -203,6 +215,12 @@ PROGRAMS: list[tuple[str, Callable[..., Any], Make]] = [
      lambda: (_arange(3), _arange(6, grad=True)[1:4])),
     ("unflip an intermediate", _unflip_intermediate, lambda: (_arange(3, grad=True),)),
     ("unflip, arrives False", _unflip, lambda: (_arange(3, grad=True), _ones(3))),
+    # See Note [A use of an input before its flip]
+    ("use before flip", _use_before_flip, lambda: (_arange(3), _ones(3, grad=True))),
+    ("uses before flip, with another input", _uses_with_another_before_flip,
+     lambda: (_arange(3), _ones(3, grad=True))),
+    ("use before flip, nothing else requires grad", _use_before_flip,
+     lambda: (_arange(3), _ones(3))),
 ]
 
 
@@ -303,12 +321,6 @@ def test_an_entry_compiled_with_a_leaf_rejects_a_non_leaf_as_eager_does() -> Non
     assert b.requires_grad
 
 
-def _use_before_flip(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    c = a * 2
-    a.requires_grad_()
-    return c + a, b * 1
-
-
 def _mutate_before_flip(a: torch.Tensor) -> torch.Tensor:
     a.mul_(2)
     a.requires_grad_()
@@ -327,8 +339,14 @@ def _use_before_unflip(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return c + b
 
 
+def _alias_before_flip(a: torch.Tensor) -> torch.Tensor:
+    same = a.to(torch.float32)  # ``a`` itself: it follows the flip in eager
+    a.requires_grad_()
+    return same * 3
+
+
 USES_BEFORE: list[tuple[str, Callable[..., Any], Make, str]] = [
-    ("use", _use_before_flip, lambda: (_arange(3), _ones(3, grad=True)), "TensorBase.mul"),
+    ("alias", _alias_before_flip, lambda: (_arange(3),), "TensorBase.to"),
     ("mutation", _mutate_before_flip, lambda: (_arange(3),), "TensorBase.mul_"),
     ("view", _view_before_flip, lambda: (_arange(3),), "TensorBase.__getitem__"),
     ("use before unflip", _use_before_unflip,
@@ -341,8 +359,9 @@ USES_BEFORE: list[tuple[str, Callable[..., Any], Make, str]] = [
 def test_a_use_before_the_change_raises_and_leaves_the_inputs_alone(
     fn: Callable[..., Any], make: Make, use: str
 ) -> None:
-    """Eager's result of a use before the flip is not connected to the input in autograd
-    (or, before an unflip, still is); a trace with the new flag cannot reproduce it."""
+    """A write or a view before a flip, or a use before an unflip: eager's result follows
+    the flag in ways a trace with the new flag cannot reproduce (See Note [A use of an
+    input before its flip])."""
     fn(*make())  # eager runs it
     args = make()
     before = [(a.detach().clone(), a.requires_grad) for a in args]
@@ -360,6 +379,22 @@ def _flip_off_on(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.
     a.requires_grad_(False)
     a.requires_grad_()
     return y, a * b
+
+
+def test_a_use_before_the_flip_torch_drops_the_gradient() -> None:
+    """The oracle: torch's AOTAutograd traces ``a`` as not requiring grad and drops its
+    gradient; eager's (and aotkit's, test_matches_eager) is 1 from the use after the flip."""
+    a, b = _arange(3), _ones(3, grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out, _ = torch_aot_function(_use_before_flip, torch_nop)(a, b)
+    if out.requires_grad:
+        out.sum().backward()
+    assert a.grad is None
+    a = _arange(3)
+    out, _ = aot_function(_use_before_flip, nop)(a, _ones(3, grad=True))
+    out.sum().backward()
+    torch.testing.assert_close(a.grad, torch.ones(3))
 
 
 def test_a_second_change_of_the_same_input_raises() -> None:

@@ -36,14 +36,24 @@
 # ``input_key``), so a graph with one shared cast never runs for a non-leaf ``w``, which
 # eager casts at every use.
 #
-# Left as they are (torch's graphs cast at every use in all of them):
+# Left as they are, each pinned by tests/test_autocast_cache.py
+# (``test_cast_cache_across_the_graph_boundary``: different from eager in aotkit and in
+# torch's aot_eager/aot_function, and the exact values aotkit gives):
 #   * torch.compile with a plain leaf tensor (not a parameter) as a graph input: dynamo
-#     does not guard leafness, so the trace casts it at every use;
+#     does not guard leafness, so a graph with one shared cast could later run for a
+#     non-leaf that eager casts at every use; the trace casts it at every use, bitwise as
+#     torch's aot_eager;
 #   * a graph break inside an autocast region splits it into two graphs, each with its own
-#     cast, where eager's cache spans the region;
-#   * when the call itself runs inside an autocast region, eager's cache
-#     spans the call, and a weight cast before the call (or after it) in the same region
-#     shares that cast with the uses inside the function; the compiled graph casts its own.
+#     cast, where eager's cache spans the region: bitwise as torch's aot_eager;
+#   * when the call itself runs inside an autocast region, eager's cache spans the call,
+#     and a weight cast before the call (or after it) in the same region shares that cast
+#     with the uses inside the function; the compiled graph casts its own once (torch's
+#     casts at every use), bitwise as eager with the outside use in a region of its own.
+# All three cross the graph's boundary: the cast would have to be made outside the
+# graphs, by eager autocast with its cache, and passed in (the graph's ``_to_copy`` of the
+# input replaced by a placeholder, the bf16 gradient returned for eager's own cast node to
+# sum and cast back). That is a change of every graph's inputs under autocast and of the
+# runtime wrappers, not made yet.
 # A trace started inside a region leaves its few cache entries (of its own wrappers, never
 # matched again) until that region exits, rather than clearing the user's.
 """

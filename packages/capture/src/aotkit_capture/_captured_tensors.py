@@ -11,8 +11,11 @@
 # ignored, no gradient would reach it, and a mutation of it would be lost. So aotkit turns
 # those two internal errors into CapturedTensorError, which names the tensors the function
 # reaches (found by walking its closure cells, the globals its code names, partial
-# arguments, bound ``self`` and the modules among those) and the remedy: pass them as
-# inputs, or compile the module with aot_module, which lifts parameters and buffers.
+# arguments, bound ``self`` and the modules among those, including the tensors held in
+# their plain attributes, named by path such as ``self.sub.last``) and the remedy: pass
+# them as inputs, register them as buffers, or compile the module with aot_module, which
+# lifts parameters and buffers (and tensors held directly in plain attributes: See Note
+# [Tensor attributes of aot_module's modules] in aotkit_frontends).
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ _MARKERS = (
     "Please convert all Tensors to FakeTensors first",
     "mutating a non-functional tensor with a functional tensor is not allowed",
 )
+
+
+_MODULE_TABLES = frozenset({"_parameters", "_buffers", "_modules", "_flat_weights"})
 
 
 class CapturedTensorError(AOTCompileError, AssertionError):
@@ -74,6 +80,7 @@ class _Finder:
                 if id(t) not in self.seen:
                     self.seen.add(id(t))
                     self.found.append(f"{name!r} of the module in {where} ({_describe(t)})")
+            self.attributes(v, f"the module in {where}")
         elif isinstance(v, (list, tuple)) and depth < 3:
             self.seen.add(id(v))
             for i, item in enumerate(v[:64]):
@@ -81,8 +88,36 @@ class _Finder:
         elif callable(v) and depth < 3:
             self.function(v, depth + 1)
 
+    def attributes(self, mod: torch.nn.Module, where: str) -> None:
+        """The tensors held in plain attributes of ``mod``'s submodules (directly, or in a
+        list, tuple or dict), named by their path: neither parameters nor buffers."""
+        for prefix, sub in mod.named_modules():
+            for attr, v in vars(sub).items():
+                if attr not in _MODULE_TABLES:
+                    path = f"self.{prefix}.{attr}" if prefix else f"self.{attr}"
+                    self.attribute_value(v, path, where, 0)
+
+    def attribute_value(self, v: Any, path: str, where: str, depth: int) -> None:
+        if isinstance(v, torch.Tensor):
+            if id(v) not in self.seen:
+                self.seen.add(id(v))
+                self.found.append(
+                    f"{path} of {where}, a plain attribute that is neither a parameter nor "
+                    f"a buffer ({_describe(v)})"
+                )
+        elif depth < 2 and isinstance(v, (list, tuple)):
+            for i, item in enumerate(v[:64]):
+                self.attribute_value(item, f"{path}[{i}]", where, depth + 1)
+        elif depth < 2 and type(v) is dict:
+            for k, item in list(v.items())[:64]:
+                self.attribute_value(item, f"{path}[{k!r}]", where, depth + 1)
+
     def function(self, fn: Any, depth: int) -> None:
         if id(fn) in self.seen:
+            return
+        if isinstance(fn, torch.nn.Module):  # aot_function(model, ...)
+            self.value(fn, "the compiled function (an nn.Module)", depth)
+            self.function(fn.forward, depth)
             return
         self.seen.add(id(fn))
         if isinstance(fn, functools.partial):
@@ -127,6 +162,9 @@ def captured_tensors(fn: Callable[..., Any], skip: tuple[Any, ...] = ()) -> list
     for s in skip:
         if isinstance(s, torch.nn.Module):
             finder.seen.update(id(t) for t in (*s.parameters(), *s.buffers()))
+    for s in skip:
+        if isinstance(s, torch.nn.Module):  # lifted tensors are inputs; other tensors not
+            finder.attributes(s, "the compiled module")
     finder.function(fn, 0)
     return finder.found
 
@@ -145,10 +183,13 @@ def captured_tensor_error(
         what = "aotkit could not tell which one (it is reached through an object it does not walk)."
     return CapturedTensorError(
         f"aotkit: the compiled function {action} a tensor that is not one of its inputs "
-        f"(captured by a closure or a global). {what} aotkit traces the function on fake "
-        "copies of its inputs only, so it can neither read such a tensor's current value on "
-        "later calls, nor write a mutation back to it, nor compute its gradient. Remedy: "
-        "pass the tensor as an argument of the function; for the parameters and buffers of "
-        "an nn.Module, compile the module with aot_module, which passes them as inputs. "
+        f"(captured by a closure, a global or a module attribute). {what} aotkit traces "
+        "the function on fake copies of its inputs only, so it can neither read such a "
+        "tensor's current value on later calls, nor write a mutation back to it, nor "
+        "compute its gradient. Remedy: pass the tensor as an argument of the function; "
+        "for the parameters and buffers of an nn.Module, compile the module with "
+        "aot_module, which passes them as inputs (and tensors held directly in plain "
+        "module attributes too); or register such a tensor as a buffer with "
+        "register_buffer(name, tensor). "
         f"(Original error: {str(cause).splitlines()[0][:200]})"
     )

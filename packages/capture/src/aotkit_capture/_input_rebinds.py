@@ -67,11 +67,22 @@ NOT_A_LEAF_MESSAGE = (
 
 USED_BEFORE_MESSAGE = (
     "aotkit: the compiled function used its tensor input {i} (`{use}`) before changing "
-    "its `requires_grad` to {flag}. In eager, what the function computed from the input "
-    "before the change {relation} the input in autograd; the compiled function traces the "
-    "input with its new flag from the start and cannot reproduce that. Remedy: change "
-    "`requires_grad` at the start of the function, before any use of the input (or set "
-    "it before calling the compiled function)."
+    "its `requires_grad` to {flag}. {explanation} Remedy: change `requires_grad` at the "
+    "start of the function, before any use of the input (or set it before calling the "
+    "compiled function)."
+)
+_USED_BEFORE_FLIP = (
+    "In eager, an in-place write to the input, or a view of it (or the input itself, "
+    "returned by an op such as `to` or `contiguous`), made before the change follows the "
+    "change in autograd. The compiled function traces the input with its new flag from "
+    "the start and runs the other uses made before the change on a detached alias, as "
+    "eager computes them, but cannot reproduce a write or a view. See Note [A use of an "
+    "input before its flip]."
+)
+_USED_BEFORE_UNFLIP = (
+    "In eager, what the function computed from the input before the change stays "
+    "connected to the input in autograd; the compiled function traces the input with its "
+    "new flag from the start and cannot reproduce that."
 )
 
 TWICE_MESSAGE = (
@@ -194,8 +205,10 @@ def _unseen_flip(i: int) -> None:
 
 def _used_before(changes: Mapping[int, bool], i: int, use: str) -> None:
     flag = changes[i]
-    relation = "is not connected to" if flag else "stays connected to"
-    raise InputRebindError(USED_BEFORE_MESSAGE.format(i=i, use=use, flag=flag, relation=relation))
+    explanation = _USED_BEFORE_FLIP if flag else _USED_BEFORE_UNFLIP
+    raise InputRebindError(
+        USED_BEFORE_MESSAGE.format(i=i, use=use, flag=flag, explanation=explanation)
+    )
 
 
 def _changed_twice(i: int) -> None:

@@ -28,9 +28,11 @@ flipped on the caller's tensor at run time.
 # answers before it, so ``if not a.requires_grad: a.requires_grad_()`` takes eager's
 # branch. Hard cases:
 #   * A use of ``a`` before the flip (anything but a shape/dtype/flag query): in eager its
-#     result is not connected to ``a`` in autograd, which a trace with ``a`` requiring
-#     grad from the start cannot reproduce, so it raises ``InputRebindError`` naming the
-#     use and the fix (flip first). A second change of the same input raises too.
+#     result is not connected to ``a`` in autograd; the watch runs it on ``a.detach()``,
+#     which gives eager's values and autograd (See Note [A use of an input before its
+#     flip] in _requires_grad_watch). A write to ``a`` or a view of it before the flip,
+#     and any use before a flip to False, raise ``InputRebindError`` naming the use and
+#     the fix (flip first). A second change of the same input raises too.
 #   * ``requires_grad_(False)`` on an input that requires grad: the trace cannot run it
 #     (its inputs that require grad are not leaves), so the first trace only learns that
 #     some input did it; a trace with ``watch_all`` finds which, and the third traces it

@@ -1,6 +1,20 @@
 """A trace-time watch over the ``requires_grad`` changes a function makes to its inputs.
 
 See Note [Inputs whose requires_grad the function changes] in ``_requires_grad_changes``.
+
+# Note [A use of an input before its flip]
+# ``c = a * 2; a.requires_grad_(); return c + a`` on an ``a`` that arrives not requiring
+# grad: in eager ``c`` is not connected to ``a`` in autograd (``a.grad`` is 1, not 3). The
+# retrace gives ``a`` its new flag from the start, so the watch runs each use of ``a``
+# before its flip on ``a.detach()`` instead: same values and storage, no autograd
+# connection, as eager's. The graph then holds a ``detach`` (or nothing: it is an alias)
+# and ``a``'s gradient is only what the uses after the flip give. Not reproduced, and
+# still raising ``InputRebindError`` at once: a write to ``a`` before the flip (eager's
+# in-place op on a leaf that needs no grad; the trace's would be recorded by autograd or
+# refused on a leaf that requires grad), a use whose result aliases ``a`` (a view, or
+# ``a`` itself from ``contiguous``/``to``: eager's view follows the flip and requires grad
+# afterwards, the detached one would not), and any use before a flip to False (eager's
+# result stays connected to ``a``; the retrace has ``a`` not requiring grad).
 """
 
 from __future__ import annotations
@@ -66,8 +80,10 @@ class RequiresGradWatch(TorchFunctionMode):
     * before the flip, ``requires_grad``, ``is_leaf`` and ``grad_fn`` of the input read as
       eager's caller-side leaf would (the old flag, True, None), so the function takes
       eager's branches;
-    * any other use of the input before its flip calls ``on_used_before(index, name)``,
-      and a second change of it ``on_twice(index)`` (both raise).
+    * any other use of the input before its flip to True runs on a detached alias of it
+      (See Note [A use of an input before its flip]); a write, a view, or a use before
+      a flip to False calls ``on_used_before(index, name)``, and a second change of it
+      ``on_twice(index)`` (both raise).
 
     With ``watch_all``, a ``requires_grad_(False)`` on any other input that requires grad
     calls ``on_unseen(index)`` (which raises), since the trace cannot run it (its inputs
@@ -129,7 +145,7 @@ class RequiresGradWatch(TorchFunctionMode):
                 if answer is not _NO_ANSWER:
                     return answer
             if not _is_query(func):
-                self._record_uses(func, args, kwargs)
+                return self._use(func, args, kwargs)
         return func(*args, **kwargs)
 
     def _eager_answer(self, t: Any, prop: str | None) -> Any:
@@ -142,14 +158,39 @@ class RequiresGradWatch(TorchFunctionMode):
             return None
         return _NO_ANSWER
 
-    def _record_uses(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
-        for leaf in pytree.tree_leaves((args, kwargs)):
-            if isinstance(leaf, torch.Tensor):
-                key = id(leaf)
-                if key in self._watched and key not in self.flipped:
-                    # raised at once: the use may itself fail on the new flag (an in-place
-                    # op on a leaf that requires grad), with a less useful error
-                    self._on_used_before(self._index[key], _name(func))
+    def _use(self, func: Any, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+        """Run a use of the inputs; see Note [A use of an input before its flip]."""
+        before = [
+            leaf for leaf in pytree.tree_leaves((args, kwargs))
+            if isinstance(leaf, torch.Tensor)
+            and id(leaf) in self._watched and id(leaf) not in self.flipped
+        ]
+        if not before:
+            return func(*args, **kwargs)
+        first = self._index[id(before[0])]
+        if not all(self._watched[id(t)] for t in before) or _writes(func, kwargs):
+            # raised at once: the use may itself fail on the new flag (an in-place op on a
+            # leaf that requires grad), with a less useful error
+            self._on_used_before(first, _name(func))
+        detached: dict[int, torch.Tensor] = {}
+
+        def swap(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and any(x is t for t in before):
+                if id(x) not in detached:
+                    detached[id(x)] = x.detach()
+                return detached[id(x)]
+            return x
+
+        args, kwargs = pytree.tree_map(swap, (tuple(args), dict(kwargs)))
+        out = func(*args, **kwargs)
+        aliases = tuple(detached.values())
+        for o in pytree.tree_leaves(out):
+            if isinstance(o, torch.Tensor) and (
+                any(o is d for d in aliases) or (o._is_view() and any(o._base is d for d in aliases))
+            ):
+                # a view (or the input itself) follows the flip in eager
+                self._on_used_before(first, _name(func))
+        return out
 
     def unseen_flips(self) -> list[int]:
         """Watched inputs whose flip the trace did not reach."""
@@ -157,6 +198,23 @@ class RequiresGradWatch(TorchFunctionMode):
 
 
 _NO_ANSWER = object()
+
+
+def _writes(func: Any, kwargs: Mapping[str, Any]) -> bool:
+    """Whether ``func`` (a torch function or Tensor method) writes an argument."""
+    name = getattr(func, "__name__", "") or ""
+    access, _ = _descriptor(func)
+    return (
+        access == "__set__"
+        or "out" in kwargs
+        or (name.endswith("_") and not name.endswith("__"))
+        or (name.startswith("__i") and name.endswith("__") and name not in _NOT_INPLACE)
+        or name in ("__setitem__", "__delitem__")
+        or kwargs.get("inplace") is True
+    )
+
+
+_NOT_INPLACE = frozenset({"__invert__", "__index__", "__int__", "__iter__", "__init__"})
 
 
 def _name(func: Any) -> str:

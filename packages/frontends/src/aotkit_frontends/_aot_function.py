@@ -38,6 +38,12 @@ from ._module_structure import Rebuilding
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 from ._reparametrize import distinct_slot_names, reparametrized
+from ._tensor_attrs import (
+    RETRY_LIMIT,
+    TENSOR_ATTRIBUTES,
+    RetryWithTensorAttributes,
+    swapped_tensor_attributes,
+)
 
 log = logging.getLogger(__name__)
 _AOT_COUNTER = itertools.count()
@@ -216,11 +222,14 @@ class CompiledCache:
                     flat_fn, flat_args, self.cfg, cache_identity=identity,
                     cache_sidecar=outputs if self.effects is None else self.effects.sidecar(outputs),
                 )
-        except (AssertionError, RuntimeError) as e:
-            if not is_captured_tensor_error(e):
+        except Exception as e:
+            attrs = self.module_attrs
+            # See Note [Tensor attributes of aot_module's modules]
+            if attrs is not None and attrs.take_tensor_reads():
+                raise RetryWithTensorAttributes() from e
+            if not isinstance(e, (AssertionError, RuntimeError)) or not is_captured_tensor_error(e):
                 raise
             # See Note [Module attributes added or mutated later]
-            attrs = self.module_attrs
             tensor_attrs = attrs.tensor_attribute_reads() if attrs is not None else []
             if tensor_attrs:
                 message = TENSOR_ATTRIBUTE_MESSAGE.format(names=", ".join(tensor_attrs))
@@ -228,6 +237,10 @@ class CompiledCache:
             # See Note [Tensors captured by closure or global]
             user_fn, skip = self.user_fn
             raise captured_tensor_error(user_fn, e, skip) from e
+        # a trace that read a tensor attribute only for its metadata: See Note [Tensor
+        # attributes of aot_module's modules]
+        if self.module_attrs is not None and self.module_attrs.take_tensor_reads():
+            raise RetryWithTensorAttributes()
         return runner, outputs, artifacts
 
     @property
@@ -334,15 +347,27 @@ class AOTModule(nn.Module):
         super().__init__()
         self.orig_module = orig_module
         self._tree = tree
-        self._compiled, self._state, self._effects = tree.compiled
+        self._compiled, self._state, self._effects, self._attrs = tree.compiled
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        compiled, state, effects = self._tree.current()
+        compiled, state, effects, attrs = self._tree.current()
         if compiled is not self._compiled:
-            self._compiled, self._state, self._effects = compiled, state, effects
+            self._compiled, self._state, self._effects, self._attrs = (
+                compiled, state, effects, attrs
+            )
         if effects.eager:  # See Note [Plain attributes a forward changes]
             return self.orig_module(*args, **kwargs)
-        return compiled(*state.current(), *args, **kwargs)
+        # See Note [Tensor attributes of aot_module's modules]
+        for _ in range(RETRY_LIMIT):
+            if attrs.tensor_inputs:
+                values = attrs.tensor_input_values()
+                if any(v is not None for v in values):
+                    kwargs = {**kwargs, TENSOR_ATTRIBUTES: values}
+            try:
+                return compiled(*state.current(), *args, **kwargs)
+            except RetryWithTensorAttributes:
+                continue
+        raise AssertionError("aot_module: tensor attributes kept changing while traced")
 
 
 def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
@@ -361,7 +386,7 @@ def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
 
 def _compile_module(
     mod: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[Callable[..., Any], _StateSlots, ForwardEffects]:
+) -> tuple[Callable[..., Any], _StateSlots, ForwardEffects, ModuleAttrs]:
     """aot_function over ``mod``'s functional form for its current tree: the compiled
     function, the slots of its lifted parameters and buffers, and the attribute changes
     its entries replay (See Note [Plain attributes a forward changes])."""
@@ -372,6 +397,7 @@ def _compile_module(
 
     def functional_call(*flat: Any, **kw: Any) -> Any:
         tensors = {names[i]: flat[i] for i in state.distinct}
+        tensor_attrs = kw.pop(TENSOR_ATTRIBUTES, ())
         # See Note [Parameters and buffers reassigned in forward]
         # See Note [Tensors assigned to module attributes by aot_module]
         # See Note [Contexts that span the backward trace]
@@ -382,7 +408,9 @@ def _compile_module(
             reparametrized(mod, tensors, who="aot_module"),
             attrs.recording(),  # See Note [Recording module attribute reads]
         ):
-            out = mod(*flat[n_state:], **kw)
+            # See Note [Tensor attributes of aot_module's modules]
+            with swapped_tensor_attributes(mod, attrs, tensor_attrs):
+                out = mod(*flat[n_state:], **kw)
             # See Note [Tensors a forward assigns to module attributes]
             assigned = effects.take_assigned_tensors(mod)
             return (out, assigned) if assigned else out
@@ -399,7 +427,7 @@ def _compile_module(
     cache.attr_names = attrs.watched_names
     cache.module_attrs = attrs
     cache.effects = effects
-    return compiled, state, effects
+    return compiled, state, effects, attrs
 
 
 compiled_module = aot_module

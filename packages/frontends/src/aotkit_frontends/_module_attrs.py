@@ -205,6 +205,7 @@ class ModuleAttrs:
     def __init__(self, mod: nn.Module) -> None:
         self.names: list[str] = []
         self._slots: list[tuple[dict[str, Any], str]] = []
+        self._owners: list[int] = []  # id of each slot's submodule
         # id(submodule) -> {attribute: slot}; the submodules are kept alive by ``mod``
         self._index: dict[int, dict[str, int]] = {}
         self._subs: dict[int, tuple[str, nn.Module]] = {}
@@ -227,6 +228,9 @@ class ModuleAttrs:
         self._unknown_reads: set[tuple[int, str]] = set()
         self._pending: KeyPart | None = None
         self._snapshots: dict[int, KeyPart] = {}  # id(artifacts) -> every slot's key value
+        # slots passed to the graph as inputs: See Note [Tensor attributes of aot_module's
+        # modules] in _tensor_attrs
+        self.tensor_inputs: list[int] = []
 
     def _add_slot(self, sub_id: int, attr: str, *, with_class: bool = False) -> int:
         prefix, sub = self._subs[sub_id]
@@ -237,6 +241,7 @@ class ModuleAttrs:
         # See Note [Class attributes read by forward]
         table: Any = _InstanceThenClass(sub) if with_class else sub.__dict__
         self._slots.append((table, attr))
+        self._owners.append(sub_id)
         return slot
 
     def _rescan(self) -> list[int]:
@@ -341,9 +346,13 @@ class ModuleAttrs:
                 (*types, *(t for _, t in made)),
             )
         reads.update(self._always)
+        reads.update(self.tensor_inputs)
         if restored:
             reads = set(range(len(self._slots)))
+        tensor_inputs = set(self.tensor_inputs)
         for i in sorted(reads):
+            if i in tensor_inputs and issubclass(pending[1][i], torch.Tensor):
+                continue  # passed as an input (See Note [Tensor attributes of aot_module's modules])
             if _is_not_plain(pending[0][i]):
                 raise UnsupportedInputError(NOT_PLAIN_READ_MESSAGE.format(
                     name=self.names[i], type=pending[1][i].__name__
@@ -369,6 +378,45 @@ class ModuleAttrs:
         self._unknown_reads = set()
         return found
 
+    def take_tensor_reads(self) -> bool:
+        """Make the attributes holding a tensor that the running compilation read
+        (watched slots, or names that are not slots) inputs of later compilations; True if
+        there were new ones. See Note [Tensor attributes of aot_module's modules]."""
+        reads = self._reads or set()
+        new = [
+            i for i in sorted(reads)
+            if i not in self.tensor_inputs
+            and isinstance(self._slots[i][0].get(self._slots[i][1], None), torch.Tensor)
+        ]
+        for sub_id, attr in sorted(self._unknown_reads):
+            _, sub = self._subs[sub_id]
+            value = sub.__dict__.get(attr)
+            if not isinstance(value, torch.Tensor) or attr in self._index[sub_id]:
+                continue
+            slot = self._add_slot(sub_id, attr)
+            self._made_later[slot] = (_key_value(value), type(value))
+            new.append(slot)
+        self.tensor_inputs.extend(new)
+        return bool(new)
+
+    def tensor_input_values(self) -> tuple[Any, ...]:
+        """The current values of the tensor-input slots: a tensor, or None when the
+        attribute holds something else now (its key part then differs)."""
+        values = []
+        for i in self.tensor_inputs:
+            table, attr = self._slots[i]
+            value = table.get(attr, None)
+            values.append(value if isinstance(value, torch.Tensor) else None)
+        return tuple(values)
+
+    def tensor_input_places(self) -> list[tuple[dict[str, Any], str, str]]:
+        """``(module.__dict__, attribute, name)`` of each tensor-input slot."""
+        subs = [self._subs[self._owners[i]][1] for i in self.tensor_inputs]
+        return [
+            (sub.__dict__, self._slots[i][1], self.names[i])
+            for sub, i in zip(subs, self.tensor_inputs, strict=True)
+        ]
+
     def tensor_attribute_reads(self) -> list[str]:
         """The names of the plain tensor attributes (not parameters or buffers) the failed
         compilation read. See Note [Module attributes added or mutated later]."""
@@ -388,6 +436,11 @@ class ModuleAttrs:
         vals, types = self._pending
         if any(map(_is_not_plain, vals)):
             return None
+        # a tensor attribute may be read by a trace that a restored entry never runs (See
+        # Note [Tensor attributes of aot_module's modules] in _tensor_attrs): not stored
+        for _, sub in self._subs.values():
+            if any(isinstance(v, torch.Tensor) for v in sub.__dict__.values()):
+                return None
         typed = repr([
             (name, t.__module__, t.__qualname__, v)
             for name, v, t in zip(self.names, vals, types, strict=True)
