@@ -59,6 +59,7 @@ from ._effects import (
     num_tokens,
     token_inputs,
 )
+from ._direct_decompositions import direct_decompositions, fake_mode_of
 from ._grad_mode_kernels import joint_kernel_choices
 from ._kept_copies import record_kept_copy
 from ._node_meta import backward_node_meta
@@ -484,6 +485,7 @@ def _trace_joint(
         torch.autograd.set_multithreading_enabled(False),
         _use_lazy_graph_module(True),
         joint_kernel_choices(),  # See Note [Kernels that read grad mode]
+        direct_decompositions(fake_mode_of(primals)),  # See Note [Decompositions run directly on meta]
     ):
         gm = make_fx(keyed_rng(to_trace), decomposition_table=decompositions)(primals, tangents)
     replay_rng_inplace(gm)  # See Note [RNG replay keys]
