@@ -122,8 +122,12 @@ def run_directly(
             out = decomp(*args, **kwargs)
     except Exception:
         return NotImplemented  # the ordinary route raises its own error
+    # the same call FakeTensorMode makes after running a meta kernel
     return mode.wrap_meta_outputs_with_default_device_logic(
-        out, func, flat, device=kwargs.get("device")
+        out,
+        func,
+        flat,
+        device=kwargs.get("device"),  # type: ignore[arg-type]
     )
 
 

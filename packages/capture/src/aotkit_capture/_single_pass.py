@@ -85,8 +85,8 @@ from ._autocast_cache import (
     eager_cast_cache,
     wrapped_as_leaf,
 )
-from ._grad_flags import BackwardViewFlags, FlagRead, GradFlags
 from ._direct_decompositions import direct_decompositions, fake_mode_of
+from ._grad_flags import BackwardViewFlags, FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
 from ._hops import hop_in_traceback
 from ._rng_replay import (

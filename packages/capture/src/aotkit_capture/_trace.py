@@ -50,6 +50,7 @@ from ._backward_mutations import (
     check_backward_mutations,
     mutation_counts,
 )
+from ._direct_decompositions import direct_decompositions, fake_mode_of
 from ._effects import (
     backward_tokens,
     begin_backward,
@@ -59,7 +60,6 @@ from ._effects import (
     num_tokens,
     token_inputs,
 )
-from ._direct_decompositions import direct_decompositions, fake_mode_of
 from ._grad_mode_kernels import joint_kernel_choices
 from ._kept_copies import record_kept_copy
 from ._node_meta import backward_node_meta
