@@ -184,6 +184,9 @@ def test_ineligible_arguments_take_the_ordinary_route() -> None:
     with torch.device("meta"):
         m = torch.empty(2, 3)
     assert run_directly(mode, op, (g, m, 0.0), {}) is NotImplemented  # not a FakeTensor
+    with mode:
+        on_meta = torch.empty(2, 3, device="meta")
+    assert run_directly(mode, op, (on_meta, on_meta, 0.0), {}) is NotImplemented  # not CPU
 
 
 def test_the_hook_is_removed_and_not_nested() -> None:
