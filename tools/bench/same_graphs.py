@@ -17,6 +17,8 @@ Variants:
             [Min-cut without networkx] in aotkit_partitioners
   copy      the partitioner's node copies through ``Graph.node_copy`` (Note [Copying
             joint nodes] in aotkit_partitioners)
+  direct    the backward ops' fake kernels through FakeTensorMode's own route, as before
+            Note [Decompositions run directly on meta] in aotkit_capture
 
 Usage:
   uv run --group bench python tools/bench/same_graphs.py --variant flags
@@ -127,6 +129,15 @@ def variant(name: str) -> Iterator[None]:
 
         patches.append((ex, "copy_node", node_copy))
         patches.append((cse, "copy_node", node_copy))
+    elif name == "direct":
+        import aotkit_capture._single_pass as sp
+        import aotkit_capture._trace as tr
+
+        def ordinary(mode: Any) -> contextlib.AbstractContextManager[None]:
+            return contextlib.nullcontext()
+
+        patches.append((sp, "direct_decompositions", ordinary))
+        patches.append((tr, "direct_decompositions", ordinary))
     else:
         raise SystemExit(f"unknown variant {name!r}")
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
@@ -196,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--variant", required=True, choices=("flags", "fold", "flow", "copy"))
+    ap.add_argument("--variant", required=True, choices=("flags", "fold", "flow", "copy", "direct"))
     ap.add_argument("--models", default=",".join(zoo.DEFAULT_SET))
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")

@@ -85,6 +85,7 @@ from ._autocast_cache import (
     eager_cast_cache,
     wrapped_as_leaf,
 )
+from ._direct_decompositions import direct_decompositions, fake_mode_of
 from ._grad_flags import BackwardViewFlags, FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
 from ._hops import hop_in_traceback
@@ -436,6 +437,7 @@ def trace_single_pass(
             torch.autograd.set_multithreading_enabled(False),
             _use_lazy_graph_module(True),
             joint_kernel_choices(),  # See Note [Kernels that read grad mode]
+            direct_decompositions(fake_mode_of(primals)),  # See Note [Decompositions run directly on meta]
         ):
             gm = make_fx(keyed_rng(joint), decomposition_table=decompositions)(primals)
     finally:

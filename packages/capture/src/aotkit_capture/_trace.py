@@ -50,6 +50,7 @@ from ._backward_mutations import (
     check_backward_mutations,
     mutation_counts,
 )
+from ._direct_decompositions import direct_decompositions, fake_mode_of
 from ._effects import (
     backward_tokens,
     begin_backward,
@@ -484,6 +485,7 @@ def _trace_joint(
         torch.autograd.set_multithreading_enabled(False),
         _use_lazy_graph_module(True),
         joint_kernel_choices(),  # See Note [Kernels that read grad mode]
+        direct_decompositions(fake_mode_of(primals)),  # See Note [Decompositions run directly on meta]
     ):
         gm = make_fx(keyed_rng(to_trace), decomposition_table=decompositions)(primals, tangents)
     replay_rng_inplace(gm)  # See Note [RNG replay keys]
