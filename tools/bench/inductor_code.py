@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import zoo  # noqa: E402  (sets the cache environment before torch is imported)
 import torch  # noqa: E402
+import zoo  # noqa: E402  (sets the cache environment before torch is imported)
 
 _COUNTS = {
     "kernels": re.compile(r"^\s+cpp_fused_\w+\(", re.M),
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if len(cs) == 2 and cs[0] != cs[1]:
                     print(f"    {key} ours-theirs: {dict(cs[0] - cs[1])}  theirs-ours: {dict(cs[1] - cs[0])}")
         lays = [Counter(r[1]) for r in results.values()]
-        print(f"  saved tensors: " + " ".join(str(len(r[1])) for r in results.values()))
+        print("  saved tensors: " + " ".join(str(len(r[1])) for r in results.values()))
         if len(lays) == 2 and lays[0] != lays[1]:
             print(f"    ours-theirs: {dict(lays[0] - lays[1])}")
             print(f"    theirs-ours: {dict(lays[1] - lays[0])}")
