@@ -15,14 +15,16 @@
 # nodes can be cut, so the flow graph holds just them. Tangent-dependent nodes never enter it.
 #
 # Cost model (capacities are ints, so the cut is exact):
-#   capacity(u) = bytes(u) * BIG + unmaterialized_bytes(u) * SCALE + tiebreak(u) * SUB
-#                 + [u is a symint]
-# (the second level: See Note [Saving values the forward materializes anyway])
+#   capacity(u) = (2 * bytes(u) + unmaterialized_bytes(u)) * BIG + bytes(u) * SCALE
+#                 + tiebreak(u) * SUB + [u is a symint]
+# (unmaterialized bytes count one and a half times: See Note [Saving values the forward
+# materializes anyway])
 # bytes come from meta['val'] (symbolic sizes use their hints; a symint costs 0 bytes, it
 # is not tensor memory; a static-lifetime input costs 0, it is alive anyway; a tuple, a
 # non-tensor or an input the runtime mutates after the forward cannot be saved). ``SUB``
-# exceeds the number of symints and ``SCALE`` the sum of the lower terms, so the cut first
-# minimises tensor bytes and only among equal-byte cuts prefers the one saving values
+# exceeds the number of symints, ``SCALE`` the sum of the lower terms and ``BIG`` the sum of
+# the bytes level and lower, so the cut first minimises weighted tensor bytes, then real
+# bytes, and only among cuts equal on both prefers the one saving values
 # closest to the backward (tiebreak = 1 + hops to the nearest backward reader; sizes count
 # here too), i.e. the one recomputing least: with a weight needed only as ``t(weight)``,
 # the view is saved (as torch does) rather than the weight plus a recomputed ``t``; with
@@ -195,20 +197,30 @@ def _materialized(node: torch.fx.Node) -> bool:
 
 
 # Note [Saving values the forward materializes anyway]
-# Among cuts that save the same bytes, the one whose saved values the forward writes to
-# memory anyway is cheaper in practice: an input (alive for the caller), or the output of
-# an op a fusing compiler must materialize for a non-pointwise reader. A value read only
-# by pointwise ops would otherwise live in registers of a fused kernel. ``split`` of an
-# input whose halves feed ``sin``/``cos``: saving the input (and recomputing the halves
-# and their pointwise backward inputs) beats saving ``neg(sin(.))`` and ``cos(.)``, as
-# torch decides (it charges such values double). This level sits between bytes and the
-# distance tiebreak of Note [Min-cut flow graph]. Fusing is judged as torch's min-cut
-# judges it, on both ends (``fusible``): the output of an op no kernel fuses (a matmul, a
-# convolution) is materialized even when only pointwise ops read it. So for a decomposed
-# GELU backward, whose tangent-free part (erf, exp, muls) reads only the linear's output,
-# that output is saved and the derivative computed in the backward, as torch does, rather
-# than the derivative computed in the forward and saved (the same bytes, but a forward
-# larger by a dozen nodes for Inductor to compile: micro_mlp's forward 70 nodes, torch's 39).
+# A saved value the forward writes to memory anyway is cheaper than one it would not: an
+# input (alive for the caller), or the output of an op a fusing compiler must materialize
+# for a non-pointwise reader. A value read only by pointwise ops would otherwise live in
+# registers of a fused kernel: saving it costs its memory *and* an extra write in the
+# forward. So such a value's bytes count one and a half times (torch's min-cut: twice).
+# ``split`` of an input whose halves feed ``sin``/``cos``: saving the input (and recomputing
+# the halves and their pointwise backward inputs) beats saving ``neg(sin(.))`` and
+# ``cos(.)``. A decomposed BatchNorm after a convolution: the backward needs ``x - mean``
+# (and ``invstd``); saving the convolution's output ``x`` and the per-channel ``mean`` beats
+# saving ``x - mean``, although the latter spares the mean's few bytes: the forward would
+# write an activation-sized tensor more (micro_convnet's and resnet18's forward under
+# aotkit_inductor, one per BatchNorm, before this rule replaced a "bytes first, then
+# unmaterialized bytes" order; torch's choice). Not twice, as torch: gpt2's forward would
+# then save its two embeddings (48 KB) rather than their sum (32 KB, read only by pointwise
+# ops), 1.2% more bytes than torch in all. Among cuts equal in weighted bytes, the one
+# saving fewer real bytes wins (gpt2's sum: 32 KB counted 48, beats the two embeddings' 48),
+# then the distance tiebreak of Note [Min-cut flow graph] (torch instead multiplies each
+# weight by 1.1 per hop from the backward). Fusing is judged as torch's min-cut judges it,
+# on both ends (``fusible``): the output of an op no kernel fuses (a matmul, a convolution)
+# is materialized even when only pointwise ops read it. So for a decomposed GELU backward,
+# whose tangent-free part (erf, exp, muls) reads only the linear's output, that output is
+# saved and the derivative computed in the backward, as torch does, rather than the
+# derivative computed in the forward and saved (the same bytes, but a forward larger by a
+# dozen nodes for Inductor to compile: micro_mlp's forward 70 nodes, torch's 39).
 
 
 def _is_tensor(node: torch.fx.Node) -> bool:
@@ -241,11 +253,12 @@ def solve(
     is_size = [is_sym_node(n) for n in cands]
     sub = sum(is_size) + 1
     scale = (max(problem.dist.values()) + 2) * (len(cands) + 1) * sub
-    # Second level (See Note [Saving values the forward materializes anyway]): bytes of
-    # saved values only pointwise/view ops read, which a fusing compiler would not write
-    # to memory unless saved. ``big`` exceeds the sum of that level and the lower ones.
+    # First level (See Note [Saving values the forward materializes anyway]): bytes, those
+    # of saved values only pointwise/view ops read (which a fusing compiler would not write
+    # to memory unless saved) counted 1.5 times (doubled: ints); second level: bytes. ``big`` exceeds the sum
+    # of the second level and the lower ones.
     unmat = [0 if _materialized(n) else (problem.nbytes[n] or 0) for n in cands]
-    big = (sum(unmat) + 1) * scale
+    big = (sum(problem.nbytes[n] or 0 for n in cands) + 1) * scale
     allowed = set(allow_recompute)
     forbidden = set(forbid_recompute)
     demanded = problem.demanded
@@ -264,7 +277,7 @@ def solve(
         size = problem.nbytes[n]
         tiebreak = 0 if prefer_inputs and n.op == "placeholder" else problem.dist[n] + 1
         tiebreak = tiebreak * sub + is_size[i]
-        cap = None if size is None else size * big + unmat[i] * scale + tiebreak
+        cap = None if size is None else (2 * size + unmat[i]) * big + size * scale + tiebreak
         if n in demanded:
             sink_side_out.add(i)
             if banned[i]:
@@ -282,7 +295,7 @@ def solve(
         elif state is not None:
             # a replayed draw needs its generator state: see Note [Min-cut flow graph]
             in_v[i] = 2 * i
-            edges.append((_SOURCE, 2 * i, state * big + tiebreak))
+            edges.append((_SOURCE, 2 * i, state * (2 * big + scale) + tiebreak))
             for a in inputs:
                 j = index[a]
                 if j not in sink_side_out:
