@@ -46,9 +46,11 @@
 #   * Graphs calling higher-order operators store their FX subgraphs the same way: See
 #     Note [Higher-order operators in the on-disk cache]; effect tokens: See Note [Effect
 #     tokens in the on-disk cache].
+#   * Tensor constants are stored with their bytes and a checksum: See Note [Tensor
+#     constants in the on-disk cache].
 #   * Not stored (compiled every time, never an error): tensor subclass inputs/outputs,
-#     aliased inputs under dynamic shapes, higher-order ops outside that note's list (the
-#     functionalized RNG's ``run_and_save_rng_state``), tensor constants, exports, and
+#     aliased inputs under dynamic shapes, higher-order ops outside that note's list,
+#     exports, and
 #     programs, inputs or compilers the key cannot describe (``Uncacheable``).
 # When: off by default for aot_function/aot_module (and then only with compilers and a
 # partitioner that declare a cache key, See Note [Compiler cache keys] in aotkit_schemas),
@@ -86,8 +88,10 @@ from aotkit_schemas import (
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
+from ._disk_cache_constants import attach_constants, constants_to_json
 from ._disk_cache_hops import (
     check_subgraph_reads,
+    is_attribute_name,
     hop_target_from_json,
     hop_target_to_json,
     owner_from_json,
@@ -485,7 +489,11 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
         nodes.append(entry)
     subgraphs = subgraphs_to_json(gm, lambda sub: graph_to_json(sub, form))
     # See Note [Higher-order operators in the on-disk cache]
-    return {"nodes": nodes, "subgraphs": subgraphs} if subgraphs else {"nodes": nodes}
+    out: dict[str, Any] = {"nodes": nodes, "subgraphs": subgraphs} if subgraphs else {"nodes": nodes}
+    constants = constants_to_json(gm)  # See Note [Tensor constants in the on-disk cache]
+    if constants:
+        out["constants"] = constants
+    return out
 
 
 def _set_value(
@@ -547,7 +555,9 @@ def graph_from_json(
     owner = owner_from_json(
         d.get("subgraphs"), lambda sub: graph_from_json(sub, fake_mode, symbols)
     )
-    check_subgraph_reads(graph, owner)
+    # See Note [Tensor constants in the on-disk cache]
+    constants = attach_constants(owner, d.get("constants"), is_attribute_name)
+    check_subgraph_reads(graph, owner, constants)
     try:
         graph.lint()
     except Exception as e:  # fx raises RuntimeError and others for malformed graphs

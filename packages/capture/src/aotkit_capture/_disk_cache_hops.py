@@ -22,8 +22,8 @@ arguments only they take, in the entry's structured graph form.
 # stored subgraph or a name that is not a plain identifier, a stored subgraph no node
 # reads, a subgraph that does not lint, and a HOP call whose subgraphs take another number
 # of inputs than the call passes (``cond``, ``invoke_subgraph``, ``while_loop``, ``map``,
-# ``scan``). A ``get_attr`` of anything but an FX subgraph (a tensor constant) is still not
-# stored (``Uncacheable``).
+# ``scan``). A ``get_attr`` of a tensor constant is stored apart (See Note [Tensor
+# constants in the on-disk cache]); of anything else, not stored (``Uncacheable``).
 """
 
 from __future__ import annotations
@@ -91,6 +91,8 @@ def subgraphs_to_json(
         if target in out:
             continue
         sub = getattr(gm, target, None) if _NAME.fullmatch(target) else None
+        if isinstance(sub, torch.Tensor):
+            continue  # See Note [Tensor constants in the on-disk cache]
         if not isinstance(sub, torch.fx.GraphModule):
             raise Uncacheable(f"graph node {node.name} reads {target!r}, not an FX subgraph")
         out[target] = to_json(sub)
@@ -114,18 +116,25 @@ def owner_from_json(
     return owner
 
 
-def check_subgraph_reads(graph: torch.fx.Graph, owner: torch.nn.Module) -> None:
-    """Every ``get_attr`` names a stored subgraph, every stored subgraph is read, and each
-    HOP call passes its subgraphs as many inputs as they take. Raises CacheFormatError.
-    See Note [Higher-order operators in the on-disk cache]."""
+def is_attribute_name(name: str) -> bool:
+    return _NAME.fullmatch(name) is not None
+
+
+def check_subgraph_reads(
+    graph: torch.fx.Graph, owner: torch.nn.Module, constants: frozenset[str] = frozenset()
+) -> None:
+    """Every ``get_attr`` names a stored subgraph or tensor constant, every stored one is
+    read, and each HOP call passes its subgraphs as many inputs as they take. Raises
+    CacheFormatError. See Note [Higher-order operators in the on-disk cache] and Note
+    [Tensor constants in the on-disk cache]."""
     stored = dict(owner.named_children())
     read: set[str] = set()
     for node in graph.find_nodes(op="get_attr"):
-        if node.target not in stored:
+        if node.target not in stored and node.target not in constants:
             raise CacheFormatError(f"graph node {node.name} reads no stored subgraph")
         read.add(str(node.target))
-    if read != set(stored):
-        raise CacheFormatError("a stored subgraph is read by no node")
+    if read != set(stored) | constants:
+        raise CacheFormatError("a stored subgraph or constant is read by no node")
     for node in graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
             _check_call(node, stored)
