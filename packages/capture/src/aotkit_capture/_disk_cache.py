@@ -95,6 +95,8 @@ from ._disk_cache_hops import (
     hop_target_from_json,
     hop_target_to_json,
     owner_from_json,
+    rng_state_json,
+    rng_state_values,
     subgraphs_to_json,
 )
 from ._disk_cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
@@ -469,6 +471,7 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
     """``gm``'s graph in the structured form of Note [On-disk compile cache]; ``form``
     converts symbolic sizes (See Note [Dynamic shapes in the on-disk cache])."""
     nodes = []
+    rng = rng_state_values(gm)  # See Note [RNG state operators in the on-disk cache]
     for node in gm.graph.nodes:
         if node.op not in ("placeholder", "call_function", "output", "get_attr"):
             raise Uncacheable(f"graph node {node.name} is a {node.op}")
@@ -481,7 +484,13 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
         # pairs, not an object: the entry is written with sorted keys, and the order of a
         # node's keyword arguments shows in the restored graph's code
         entry["kwargs"] = [[k, _arg_to_json(v)] for k, v in node.kwargs.items()]
-        if node.op not in ("output", "get_attr"):
+        if node in rng:
+            val = node.meta.get("val")
+            entry["val"] = (
+                rng_state_json(val) if rng[node] == "state"
+                else {"l": [rng_state_json(val[0]), _val_to_json(val[1], form)]}
+            )
+        elif node.op not in ("output", "get_attr"):
             entry["val"] = _val_to_json(node.meta.get("val"), form)
         static = node.meta.get(_STATIC_INPUT_KEY)
         if node.op == "placeholder" and isinstance(static, bool):

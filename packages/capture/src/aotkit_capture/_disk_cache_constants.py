@@ -143,7 +143,8 @@ def constant_from_json(d: Any, name: str) -> torch.Tensor:
         data = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype)
         order = _memory_order(stride, size)
         # the bytes are the elements in memory order: the permuted (contiguous) view
-        out.permute(*order).copy_(data.reshape([size[i] for i in order]))
+        dense = out.permute(*order) if order else out
+        dense.copy_(data.reshape([size[i] for i in order]))
     if d["rg"]:
         out.requires_grad_(True)
     return out
