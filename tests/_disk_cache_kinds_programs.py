@@ -1,6 +1,7 @@
 """Programs of the kinds the on-disk cache used to refuse, run in fresh processes by
 tests/test_disk_cache_kinds.py: modules with hooks, tensor constants, activation
-checkpointing with dropout (the functionalized RNG's state operators), and programs that
+checkpointing with dropout (the functionalized RNG's state operators), recorded view
+chains, and programs that
 differ from those only where the key must tell them apart.
 
 ``python this.py DIR NAME...``: runs each program with the disk cache in DIR and prints
@@ -159,7 +160,51 @@ def _run_checkpoint(p: float) -> dict[str, Any]:
                   seed=1234)
 
 
+# ---- recorded view chains (view replay) --------------------------------------------
+
+
+def _view_of_mutated(x: torch.Tensor) -> torch.Tensor:
+    x.mul_(2)
+    return x[1:].t()
+
+
+def _view_of_mutated_other(x: torch.Tensor) -> torch.Tensor:
+    x.mul_(2)
+    return x[2:].t()
+
+
+def _metadata_mutation(x: torch.Tensor) -> torch.Tensor:
+    x.t_()
+    return x + 1
+
+
+def _run_view_chain(fn: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
+    """An output viewing a mutated non-contiguous input (or an input whose metadata
+    changes): replayed from functionalization's recorded chain. Values, strides, offsets
+    and aliasing against eager."""
+    def make() -> torch.Tensor:
+        return torch.arange(30.0).reshape(5, 6).t()[1:]
+
+    x, ref = make(), make()
+    with record_compilations() as compiled:
+        out = aotkit.aot_function(fn, aotkit.nop)(x)
+    expected = fn(ref)
+    facts = []
+    for got, want, inp, ref_inp in ((out, expected, x, ref),):
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(inp, ref_inp)
+        assert got.stride() == want.stride() and got.storage_offset() == want.storage_offset()
+        assert inp.stride() == ref_inp.stride() and inp.shape == ref_inp.shape
+        same = got.untyped_storage()._cdata == inp.untyped_storage()._cdata
+        assert same == (want.untyped_storage()._cdata == ref_inp.untyped_storage()._cdata)
+        facts.append([got.tolist(), list(got.stride()), inp.tolist(), list(inp.stride()), same])
+    return {"out": facts, "grads": [], "graphs": _graph_codes(compiled)}
+
+
 PROGRAMS: dict[str, Callable[[], dict[str, Any]]] = {
+    "view_chain": lambda: _run_view_chain(_view_of_mutated),
+    "view_chain_other": lambda: _run_view_chain(_view_of_mutated_other),
+    "view_chain_input": lambda: _run_view_chain(_metadata_mutation),
     "hooks": lambda: _run_hooks(2.0),
     "hooks_other": lambda: _run_hooks(3.0),  # another hook (its closure): must miss
     "hooks_kwargs": _run_kwargs_hook,

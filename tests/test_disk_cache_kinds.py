@@ -2,7 +2,8 @@
 process restores them without tracing, with cold's graphs, outputs and gradients; a
 program that differs only in a hook, a constant's value or a checkpointed body misses.
 See Note [Module hooks in the on-disk cache key], Note [Tensor constants in the on-disk
-cache], Note [RNG state operators in the on-disk cache], and Note [The program in
+cache], Note [RNG state operators in the on-disk cache], Note [View chains in the cache
+JSON format] (aotkit_schemas), and Note [The program in
 aot_function's disk key] (two stale hits this file found)."""
 
 from __future__ import annotations
@@ -25,10 +26,11 @@ from aotkit_schemas import CacheFormatError
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 PROGRAMS = str(Path(__file__).with_name("_disk_cache_kinds_programs.py"))
-KINDS = ["hooks", "hooks_kwargs", "const_function", "const_compiled", "checkpoint"]
+KINDS = ["hooks", "hooks_kwargs", "const_function", "const_compiled", "checkpoint",
+         "view_chain", "view_chain_input"]
 # each differs from the kind before it in the key only: a warm start must not reuse
 OTHERS = {"hooks_other": "hooks", "const_function_other": "const_function",
-          "checkpoint_other": "checkpoint"}
+          "checkpoint_other": "checkpoint", "view_chain_other": "view_chain"}
 
 
 def _run(d: Path, names: list[str]) -> dict[str, dict[str, Any]]:

@@ -47,10 +47,20 @@
 #     Note [Higher-order operators in the on-disk cache]; effect tokens: See Note [Effect
 #     tokens in the on-disk cache].
 #   * Tensor constants are stored with their bytes and a checksum: See Note [Tensor
-#     constants in the on-disk cache].
-#   * Not stored (compiled every time, never an error): tensor subclass inputs/outputs,
-#     aliased inputs under dynamic shapes, higher-order ops outside that note's list,
-#     exports, and
+#     constants in the on-disk cache]; functionalization's recorded view chains by their
+#     ViewMeta classes' names and arguments: See Note [View chains in the cache JSON
+#     format] in aotkit_schemas.
+#   * Not stored (compiled every time, never an error), each for its reason:
+#       - tensor subclass inputs/outputs: the subclass layer's metadata holds the user's
+#         classes and their ``__tensor_flatten__`` contexts (arbitrary Python objects),
+#         which the entry could only restore by constructing types named in the file;
+#       - aliased or duplicated inputs under dynamic shapes: the synthetic-base layout is
+#         keyed by concrete sizes, strides and offsets, which the shape facts do not
+#         relate (dynamo passes each parameter once, so tied weights do not reach this);
+#       - higher-order ops outside that note's list (process-local state, Python
+#         callables, export-only ones);
+#       - exports: their result is the graphs handed to the caller, not a compiled call;
+#       - and
 #     programs, inputs or compilers the key cannot describe (``Uncacheable``).
 # When: off by default for aot_function/aot_module (and then only with compilers and a
 # partitioner that declare a cache key, See Note [Compiler cache keys] in aotkit_schemas),
