@@ -101,9 +101,9 @@ from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_modu
 from ._disk_cache_constants import attach_constants, constants_to_json
 from ._disk_cache_hops import (
     check_subgraph_reads,
-    is_attribute_name,
     hop_target_from_json,
     hop_target_to_json,
+    is_attribute_name,
     owner_from_json,
     rng_state_json,
     rng_state_values,

@@ -32,7 +32,7 @@ import torch.nn.modules.module as module_mod
 # the tables of ``nn.Module`` that ``__call__`` runs or reads, with the flag tables that
 # qualify them (keyed by the same handle ids)
 _MODULE_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
-_FLAG_TABLES = {
+_FLAG_TABLES: dict[str, tuple[str, ...]] = {
     "_forward_pre_hooks": ("_forward_pre_hooks_with_kwargs",),
     "_forward_hooks": ("_forward_hooks_with_kwargs", "_forward_hooks_always_called"),
 }
@@ -40,7 +40,7 @@ _GLOBAL_TABLES = (
     "_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_pre_hooks",
     "_global_backward_hooks",
 )
-_GLOBAL_FLAG_TABLES = {
+_GLOBAL_FLAG_TABLES: dict[str, tuple[str, ...]] = {
     "_global_forward_hooks": (
         "_global_forward_hooks_with_kwargs", "_global_forward_hooks_always_called",
     ),
