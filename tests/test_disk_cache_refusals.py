@@ -40,18 +40,51 @@ def test_effect_tokens_are_stored_with_their_effect_types() -> None:
     assert payload["tokens"] == {"effects": ["ORDERED"], "backward": 0}
 
 
-def test_recorded_view_chains_are_not_stored() -> None:
+def test_recorded_view_chains_are_stored() -> None:
     # an output viewing a mutated non-contiguous input is replayed from functionalization's
     # recorded view chain (See Note [View replay]); restored without it, the view would be
-    # rebuilt another way
+    # rebuilt another way. It was refused before (what this test checked); the chain is
+    # now stored and read back (See Note [View chains in the cache JSON format])
+    from aotkit_schemas import meta_from_json
+
     def h(x: torch.Tensor) -> torch.Tensor:
         x.mul_(2)
         return x[1:].t()
 
     art = _artifacts(h, torch.arange(30.0).reshape(5, 6).t()[1:])
     infos = [*art.meta.input_info, *art.meta.output_info]
-    assert any(getattr(i, "view_meta_sequence", None) is not None for i in infos)
-    assert entry_payload(art, None) is None
+    chains = [i.view_meta_sequence for i in infos if i.view_meta_sequence is not None]
+    assert chains
+    payload = entry_payload(art, None)
+    assert payload is not None
+    back = meta_from_json(payload["meta"])
+    restored = [
+        i.view_meta_sequence for i in [*back.input_info, *back.output_info]
+        if i.view_meta_sequence is not None
+    ]
+    assert [[type(v).__name__ for v in c] for c in restored] == [
+        [type(v).__name__ for v in c] for c in chains
+    ]
+    assert [[v.as_tuple() for v in c] for c in restored] == [[v.as_tuple() for v in c] for c in chains]
+
+
+def test_bad_view_chains_are_refused() -> None:
+    import pytest
+    from aotkit_schemas import CacheFormatError
+    from aotkit_schemas._view_chains_json import view_chain_from_json
+
+    good = ["t_ViewMeta", [False, True, {"irm": "ViewOrScatterInverse"}]]
+    assert len(view_chain_from_json([good])) == 1
+    for bad in (
+        [],
+        [["ViewMeta", []]],                                     # the abstract base
+        [["Tensor", []]],                                       # not a ViewMeta
+        [["t_ViewMeta", [False, True, {"irm": "Nope"}]]],       # unknown mode
+        [["t_ViewMeta", [1.5]]],                                # a float
+        [["slice_Tensor_ViewMeta", [False, True]]],             # too few arguments
+    ):
+        with pytest.raises(CacheFormatError):
+            view_chain_from_json(bad)
 
 
 def test_a_tangent_layout_the_format_cannot_carry_is_refused() -> None:

@@ -46,9 +46,21 @@
 #   * Graphs calling higher-order operators store their FX subgraphs the same way: See
 #     Note [Higher-order operators in the on-disk cache]; effect tokens: See Note [Effect
 #     tokens in the on-disk cache].
-#   * Not stored (compiled every time, never an error): tensor subclass inputs/outputs,
-#     aliased inputs under dynamic shapes, higher-order ops outside that note's list (the
-#     functionalized RNG's ``run_and_save_rng_state``), tensor constants, exports, and
+#   * Tensor constants are stored with their bytes and a checksum: See Note [Tensor
+#     constants in the on-disk cache]; functionalization's recorded view chains by their
+#     ViewMeta classes' names and arguments: See Note [View chains in the cache JSON
+#     format] in aotkit_schemas.
+#   * Not stored (compiled every time, never an error), each for its reason:
+#       - tensor subclass inputs/outputs: the subclass layer's metadata holds the user's
+#         classes and their ``__tensor_flatten__`` contexts (arbitrary Python objects),
+#         which the entry could only restore by constructing types named in the file;
+#       - aliased or duplicated inputs under dynamic shapes: the synthetic-base layout is
+#         keyed by concrete sizes, strides and offsets, which the shape facts do not
+#         relate (dynamo passes each parameter once, so tied weights do not reach this);
+#       - higher-order ops outside that note's list (process-local state, Python
+#         callables, export-only ones);
+#       - exports: their result is the graphs handed to the caller, not a compiled call;
+#       - and
 #     programs, inputs or compilers the key cannot describe (``Uncacheable``).
 # When: off by default for aot_function/aot_module (and then only with compilers and a
 # partitioner that declare a cache key, See Note [Compiler cache keys] in aotkit_schemas),
@@ -86,11 +98,15 @@ from aotkit_schemas import (
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
+from ._disk_cache_constants import attach_constants, constants_to_json
 from ._disk_cache_hops import (
     check_subgraph_reads,
     hop_target_from_json,
     hop_target_to_json,
+    is_attribute_name,
     owner_from_json,
+    rng_state_json,
+    rng_state_values,
     subgraphs_to_json,
 )
 from ._disk_cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
@@ -465,6 +481,7 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
     """``gm``'s graph in the structured form of Note [On-disk compile cache]; ``form``
     converts symbolic sizes (See Note [Dynamic shapes in the on-disk cache])."""
     nodes = []
+    rng = rng_state_values(gm)  # See Note [RNG state operators in the on-disk cache]
     for node in gm.graph.nodes:
         if node.op not in ("placeholder", "call_function", "output", "get_attr"):
             raise Uncacheable(f"graph node {node.name} is a {node.op}")
@@ -477,7 +494,13 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
         # pairs, not an object: the entry is written with sorted keys, and the order of a
         # node's keyword arguments shows in the restored graph's code
         entry["kwargs"] = [[k, _arg_to_json(v)] for k, v in node.kwargs.items()]
-        if node.op not in ("output", "get_attr"):
+        if node in rng:
+            val = node.meta.get("val")
+            entry["val"] = (
+                rng_state_json(val) if rng[node] == "state"
+                else {"l": [rng_state_json(val[0]), _val_to_json(val[1], form)]}
+            )
+        elif node.op not in ("output", "get_attr"):
             entry["val"] = _val_to_json(node.meta.get("val"), form)
         static = node.meta.get(_STATIC_INPUT_KEY)
         if node.op == "placeholder" and isinstance(static, bool):
@@ -485,7 +508,11 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
         nodes.append(entry)
     subgraphs = subgraphs_to_json(gm, lambda sub: graph_to_json(sub, form))
     # See Note [Higher-order operators in the on-disk cache]
-    return {"nodes": nodes, "subgraphs": subgraphs} if subgraphs else {"nodes": nodes}
+    out: dict[str, Any] = {"nodes": nodes, "subgraphs": subgraphs} if subgraphs else {"nodes": nodes}
+    constants = constants_to_json(gm)  # See Note [Tensor constants in the on-disk cache]
+    if constants:
+        out["constants"] = constants
+    return out
 
 
 def _set_value(
@@ -547,7 +574,9 @@ def graph_from_json(
     owner = owner_from_json(
         d.get("subgraphs"), lambda sub: graph_from_json(sub, fake_mode, symbols)
     )
-    check_subgraph_reads(graph, owner)
+    # See Note [Tensor constants in the on-disk cache]
+    constants = attach_constants(owner, d.get("constants"), is_attribute_name)
+    check_subgraph_reads(graph, owner, constants)
     try:
         graph.lint()
     except Exception as e:  # fx raises RuntimeError and others for malformed graphs

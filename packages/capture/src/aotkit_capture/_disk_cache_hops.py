@@ -13,8 +13,14 @@ arguments only they take, in the entry's structured graph form.
 #   * a HOP target is ``"hop:<name>"``, looked up in torch's HOP registry by a name from a
 #     closed list (the ones above and their backward forms): no other HOP is stored, and
 #     a stored name outside the list is refused on read. HOPs that carry process-local
-#     state are not in the list (a Triton kernel's side-table index, the functionalized
-#     RNG's state operators);
+#     state are not in the list: a Triton kernel's side-table index
+#     (``triton_kernel_wrapper_*``), ``graphsafe_run_with_rng_state``'s index into the
+#     graph's registered generators, a Python callable (``invoke_leaf_function``,
+#     ``flat_apply``, ``autograd_function_apply``, ``custom_function_call``), a TorchBind
+#     object (``call_torchbind``), a quantization scheme object (``invoke_quant*``); nor
+#     the export-only ones (``strict_mode``, ``*_call_delegate``, ``_export_tracepoint``).
+#     The functionalized RNG's state operators are in it (See Note [RNG state operators
+#     in the on-disk cache]), as is ``out_dtype``;
 #   * arguments only HOPs take: an ATen overload (``auto_functionalized``'s ``_mutable_op``)
 #     by its qualified name, read back through ``torch.ops`` as node targets are; a dict
 #     with string keys (``flex_attention``'s kernel options).
@@ -22,20 +28,21 @@ arguments only they take, in the entry's structured graph form.
 # stored subgraph or a name that is not a plain identifier, a stored subgraph no node
 # reads, a subgraph that does not lint, and a HOP call whose subgraphs take another number
 # of inputs than the call passes (``cond``, ``invoke_subgraph``, ``while_loop``, ``map``,
-# ``scan``). A ``get_attr`` of anything but an FX subgraph (a tensor constant) is still not
-# stored (``Uncacheable``).
+# ``scan``). A ``get_attr`` of a tensor constant is stored apart (See Note [Tensor
+# constants in the on-disk cache]); of anything else, not stored (``Uncacheable``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import CacheFormatError, ViewAndMutationMeta
+from aotkit_schemas import CacheFormatError, TensorSpec, ViewAndMutationMeta
 from torch._library.effects import EffectType
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -46,9 +53,65 @@ _HOPS = frozenset({
     "flex_attention", "flex_attention_backward", "auto_functionalized",
     "auto_functionalized_v2", "tag_activation_checkpoint", "wrap_with_set_grad_enabled",
     "wrap_with_autocast", "with_effects",
+    # See Note [RNG state operators in the on-disk cache]
+    "run_and_save_rng_state", "run_with_rng_state",
+    "out_dtype",  # out_dtype(op, dtype, *args): an ATen overload and a dtype
 })
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,200}")
 _HOP_TARGETS: dict[str, Any] = {}
+
+
+# Note [RNG state operators in the on-disk cache]
+# Activation checkpointing under torch.compile replays a random op in the backward with
+# the forward's RNG state: the forward calls
+# ``run_and_save_rng_state(aten.native_dropout.default, x, 0.5, True)``, which returns
+# the generator's state (a tensor, saved for the backward) and the op's outputs, and the
+# backward calls ``run_with_rng_state(state, aten.native_dropout.default, x, 0.5, True)``.
+# Nothing in those calls is process-local: the op is an ATen overload (stored by name as
+# any other HOP argument), the state is a graph value like any saved tensor, and the
+# generator they read and set is the process's default one at run time, as in a traced
+# compilation. So they are stored as the other HOPs are; a warm start draws the same
+# masks as a cold one from the same seed.
+# One value needs care: under dynamo's ShapeEnv the state tensor, made from the real
+# generator state while tracing, is fakified with a symbolic size (a fresh symbol no input
+# binds, hinted with the real size), which the static form cannot store. Its size is the
+# generator's state size, fixed by the device and the torch version (both keyed), so the
+# entry stores the hint (``rng_state_values``): the restored graphs carry the concrete
+# size where the cold ones had the symbol; nothing else in them changes. A state whose
+# symbol has no hint is not stored.
+
+
+def rng_state_values(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, str]:
+    """The nodes of ``gm`` whose value holds an RNG state tensor: ``"pair"`` for a
+    ``run_and_save_rng_state`` call (state, outputs), ``"state"`` for the state itself
+    (its ``getitem``, or the backward's placeholder ``run_with_rng_state`` reads)."""
+    out: dict[torch.fx.Node, str] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+            continue
+        name = _hop_name(node.target)
+        if name == "run_and_save_rng_state":
+            out[node] = "pair"
+            for user in node.users:
+                if user.target is operator.getitem and user.args[1] == 0:
+                    out[user] = "state"
+        elif name == "run_with_rng_state" and isinstance(node.args[0], torch.fx.Node):
+            out[node.args[0]] = "state"
+    return out
+
+
+def rng_state_json(val: Any) -> dict[str, Any]:
+    """An RNG state tensor's value with its sizes' hints. Raises Uncacheable."""
+    if not isinstance(val, torch.Tensor):
+        raise Uncacheable("an RNG state is not a tensor")
+    dims = []
+    for d in (*val.shape, *val.stride()):
+        hint = d if type(d) is int else getattr(getattr(d, "node", None), "hint", None)
+        if type(hint) is not int:
+            raise Uncacheable("an RNG state's size has no hint")
+        dims.append(hint)
+    spec = TensorSpec(tuple(dims[: val.dim()]), tuple(dims[val.dim():]), val.dtype, val.device)
+    return {"T": spec.to_json(), "rg": False}
 
 
 def _hop_name(hop: torch._ops.HigherOrderOperator) -> str:
@@ -91,6 +154,8 @@ def subgraphs_to_json(
         if target in out:
             continue
         sub = getattr(gm, target, None) if _NAME.fullmatch(target) else None
+        if isinstance(sub, torch.Tensor):
+            continue  # See Note [Tensor constants in the on-disk cache]
         if not isinstance(sub, torch.fx.GraphModule):
             raise Uncacheable(f"graph node {node.name} reads {target!r}, not an FX subgraph")
         out[target] = to_json(sub)
@@ -114,18 +179,25 @@ def owner_from_json(
     return owner
 
 
-def check_subgraph_reads(graph: torch.fx.Graph, owner: torch.nn.Module) -> None:
-    """Every ``get_attr`` names a stored subgraph, every stored subgraph is read, and each
-    HOP call passes its subgraphs as many inputs as they take. Raises CacheFormatError.
-    See Note [Higher-order operators in the on-disk cache]."""
+def is_attribute_name(name: str) -> bool:
+    return _NAME.fullmatch(name) is not None
+
+
+def check_subgraph_reads(
+    graph: torch.fx.Graph, owner: torch.nn.Module, constants: frozenset[str] = frozenset()
+) -> None:
+    """Every ``get_attr`` names a stored subgraph or tensor constant, every stored one is
+    read, and each HOP call passes its subgraphs as many inputs as they take. Raises
+    CacheFormatError. See Note [Higher-order operators in the on-disk cache] and Note
+    [Tensor constants in the on-disk cache]."""
     stored = dict(owner.named_children())
     read: set[str] = set()
     for node in graph.find_nodes(op="get_attr"):
-        if node.target not in stored:
+        if node.target not in stored and node.target not in constants:
             raise CacheFormatError(f"graph node {node.name} reads no stored subgraph")
         read.add(str(node.target))
-    if read != set(stored):
-        raise CacheFormatError("a stored subgraph is read by no node")
+    if read != set(stored) | constants:
+        raise CacheFormatError("a stored subgraph or constant is read by no node")
     for node in graph.nodes:
         if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
             _check_call(node, stored)

@@ -6,7 +6,8 @@
 #   * the program: for aot_function/aot_module a fingerprint of the user's code (bytecode,
 #     constants and names of every function reached through closures, defaults and the
 #     globals it names; modules by class code, extra_repr, plain attributes and training
-#     flag; custom autograd.Functions by the code of forward, backward, setup_context, vjp
+#     flag, and their hooks by code (See Note [Module hooks in the on-disk cache key]);
+#     custom autograd.Functions by the code of forward, backward, setup_context, vjp
 #     and jvp, so they are cacheable rather than refused); under torch.compile, dynamo's
 #     GraphModule code and its submodules';
 #   * every input's metadata: type, dtype, device, layout, sizes, strides, storage offset
@@ -32,9 +33,10 @@
 #   * the versions: torch's, the cache format's, and a hash of aotkit's own sources (a
 #     development checkout changes without a version bump).
 # Modules are fingerprinted with every attribute that is not nn.Module bookkeeping (private
-# ones too); dynamo graphs are refused when a get_attr reads a tensor constant.
+# ones too); tensors a module or a dynamo graph holds by value (See Note [Tensor constants
+# in the on-disk cache]).
 # Anything the fingerprint cannot describe safely (an object of unknown type in a global,
-# a module with hooks, a tensor attribute, a symbol no input binds) raises ``Uncacheable``: the
+# a tensor the format cannot store, a symbol no input binds) raises ``Uncacheable``: the
 # compilation then simply is not cached. Being unable to cache is never an error.
 """
 
@@ -57,6 +59,7 @@ from aotkit_schemas import AOTConfig, compiler_cache_key
 from torch._subclasses.fake_tensor import FakeTensor
 
 from ._ambient import ambient_key
+from ._disk_cache_hooks import global_hooks_key, has_hooks, module_hooks
 from ._saved_tensor_hooks import saved_tensors_hooks_key
 
 CACHE_FORMAT = 2  # 2: artifact keys (See Note [Compiled-artifact keys])
@@ -248,22 +251,18 @@ class _Fingerprint:
                     self.put("attr", name, attr)
 
     def module(self, m: torch.nn.Module, depth: int) -> None:
-        if (
-            m._forward_hooks
-            or m._forward_pre_hooks
-            or m._backward_hooks
-            or m._backward_pre_hooks
-        ):
-            raise Uncacheable(f"{type(m).__name__} has hooks")
         self.cls(type(m), depth + 1)
+        if has_hooks(m):  # See Note [Module hooks in the on-disk cache key]
+            module_hooks(self, m, depth)
         self.put("nn", m.training, m.extra_repr())
         for name, attr in sorted(vars(m).items()):
             if name in _MODULE_INTERNALS:
                 continue
-            if isinstance(attr, torch.Tensor):
-                raise Uncacheable(f"{type(m).__name__}.{name} is a tensor attribute")
             self.put("nnattr", name)
-            self.value(attr, depth + 1)
+            if isinstance(attr, torch.Tensor):  # See Note [Tensor constants in the on-disk cache]
+                self.put(_tensor_value(attr, f"{type(m).__name__}.{name}"))
+            else:
+                self.value(attr, depth + 1)
         for pname, p in m._parameters.items():
             self.put("param", pname, p is None)
         for bname, b in m._buffers.items():
@@ -278,8 +277,9 @@ class _Fingerprint:
             if node.op == "get_attr":
                 # a tensor constant's value is baked into the compiled graphs
                 attr = _get_attr(gm, str(node.target))
-                if isinstance(attr, torch.Tensor):
-                    raise Uncacheable(f"graph attribute {node.target} is a tensor constant")
+                if isinstance(attr, torch.Tensor):  # keyed by value below
+                    self.put("constant", str(node.target),
+                             _tensor_value(attr, f"graph attribute {node.target}"))
             if node.op == "call_function" and isinstance(node.target, types.FunctionType):
                 self.function(node.target, depth + 1)
             elif node.op == "call_function" and isinstance(node.target, type):
@@ -289,10 +289,18 @@ class _Fingerprint:
             self.value(child, depth + 1)
         for name, attr in sorted(vars(gm).items()):
             if isinstance(attr, torch.Tensor) and not name.startswith("_"):
-                raise Uncacheable(f"graph attribute {name} is a tensor constant")
+                # See Note [Tensor constants in the on-disk cache]
+                self.put("attr", name, _tensor_value(attr, f"graph attribute {name}"))
 
     def hexdigest(self) -> str:
         return self.h.hexdigest()
+
+
+def _tensor_value(t: torch.Tensor, what: str) -> tuple[Any, ...]:
+    # imported here: that module raises this one's Uncacheable
+    from ._disk_cache_constants import tensor_fingerprint
+
+    return tensor_fingerprint(t, what)
 
 
 def _get_attr(gm: torch.nn.Module, target: str) -> Any:
@@ -476,6 +484,7 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
         ("bw", _callable_key("backward compiler", cfg.bw_compiler)),
         ("inference", _callable_key("inference compiler", cfg.inference_compiler)),
         ("decompositions", _decomposition_key(cfg.decompositions)),
+        ("module hooks", global_hooks_key()),  # See Note [Module hooks in the on-disk cache key]
         ("custom ops", custom_ops_key()),  # See Note [Custom operators in the on-disk cache key]
         ("config", symbolic, cfg.keep_inference_input_mutations, cfg.disable_functionalization,
          cfg.num_params_buffers, cfg.no_tangents, tuple(cfg.static_input_indices or ())),

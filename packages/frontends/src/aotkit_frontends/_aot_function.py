@@ -6,6 +6,7 @@ See Note [Compile cache keys] for when a new compilation happens.
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import logging
 from collections.abc import Callable
@@ -58,6 +59,29 @@ def fingerprint_or_none(program: Any) -> str | None:
     except Uncacheable as e:
         log.debug("aotkit cache: not caching %s: %s", type(program).__name__, e)
         return None
+
+
+# Note [The program in aot_function's disk key]
+# The on-disk key's program part (See Note [On-disk cache keys] in aotkit_capture) must
+# describe everything the flat function traces besides its flat inputs:
+#   * the user's program: the function for aot_function; for aot_module the module itself
+#     (class code, attributes, submodules, hooks), not the aotkit wrapper that calls it.
+#     The wrapper is aotkit code, which the fingerprint names without reading its
+#     closures, so keying it would key no module at all: two module classes with the same
+#     parameter shapes shared an entry, and a warm start ran the other module's graph;
+#   * the call's structure (the pytree spec of args and kwargs): the flat inputs are
+#     matched to the function's parameters through it, so ``f(x, y)`` and
+#     ``f(b=x, a=y)`` have the same flat inputs and different programs.
+
+
+def disk_identity(program: Any, in_spec: pytree.TreeSpec) -> str | None:
+    """The on-disk cache identity of calling ``program`` with arguments structured as
+    ``in_spec``, or None (logged) when it cannot be fingerprinted. See Note [The program
+    in aot_function's disk key]."""
+    fingerprint = fingerprint_or_none(program)
+    if fingerprint is None:
+        return None
+    return hashlib.sha256(f"{fingerprint}\x00{in_spec!r}".encode()).hexdigest()
 
 
 def _resolve_partitioner(partition_fn: Any) -> Callable[..., Any]:
@@ -129,6 +153,10 @@ class CompiledCache:
         # what an error about captured tensors walks, and what it skips (aot_module's
         # module, whose tensors are inputs): See Note [Tensors captured by closure or global]
         self.user_fn: tuple[Callable[..., Any], tuple[Any, ...]] = (fn, ())
+        # what the on-disk cache key fingerprints as the program (aot_module: the module,
+        # not the aotkit wrapper that calls it): See Note [The program in aot_function's
+        # disk key]
+        self.cache_program: Any = fn
         # aot_module: the train/eval flags of every submodule, part of the key (See Note
         # [Training flags in aot_module's key])
         # and the values of their plain attributes (See Note [Plain module attributes in
@@ -209,7 +237,9 @@ class CompiledCache:
         flat_fn = flatten_function(self.fn, in_spec, outputs)
         # See Note [On-disk compile cache] in aotkit_capture: off unless AOTKIT_CACHE=1 or
         # disk_cache_config says so, and then only with compilers that offer cache keys
-        identity = fingerprint_or_none(self.fn) if disk_cache_enabled(default=False) else None
+        identity = (
+            disk_identity(self.cache_program, in_spec) if disk_cache_enabled(default=False) else None
+        )
         if identity is not None and self.module_attrs is not None:
             # See Note [Plain module attributes in aot_module's key]: on disk, every slot
             identity = self.module_attrs.disk_identity(identity)
@@ -419,6 +449,7 @@ def _compile_module(
     compiled = aot_function(functional_call, *args, **kwargs)
     cache = compiled._aotkit_cache  # type: ignore[attr-defined]
     cache.user_fn = (mod.forward, (mod,))
+    cache.cache_program = mod  # See Note [The program in aot_function's disk key]
     # See Note [Training flags in aot_module's key]
     # See Note [Plain module attributes in aot_module's key]
     submodules = list(mod.modules())

@@ -21,6 +21,7 @@ import torch
 
 from ._alias_info import InputAliasInfo, OutputAliasInfo, OutputType
 from ._view_and_mutation_meta import ViewAndMutationMeta
+from ._view_chains_json import view_chain_from_json, view_chain_to_json
 
 JSON_SCHEMA_VERSION = 2
 _T = TypeVar("_T")
@@ -122,12 +123,20 @@ _INPUT_FIELDS = (
 
 
 def input_info_to_json(info: InputAliasInfo) -> dict[str, Any]:
-    return {f: getattr(info, f) for f in _INPUT_FIELDS}
+    out: dict[str, Any] = {f: getattr(info, f) for f in _INPUT_FIELDS}
+    if info.view_meta_sequence is not None:  # See Note [View chains in the cache JSON format]
+        out["view_chain"] = view_chain_to_json(info.view_meta_sequence)
+    return out
 
 
 def input_info_from_json(d: Any) -> InputAliasInfo:
     obj = _dict(d, "input info")
-    return _construct(InputAliasInfo, **{f: _bool(obj.get(f), f) for f in _INPUT_FIELDS})
+    chain = obj.get("view_chain")
+    return _construct(
+        InputAliasInfo,
+        **{f: _bool(obj.get(f), f) for f in _INPUT_FIELDS},
+        view_meta_sequence=None if chain is None else view_chain_from_json(chain),
+    )
 
 
 def output_info_to_json(info: OutputAliasInfo) -> dict[str, Any]:
@@ -142,6 +151,10 @@ def output_info_to_json(info: OutputAliasInfo) -> dict[str, Any]:
         "requires_grad_for_backward": info.requires_grad_for_backward,
         "grad_view_of_no_grad_view": info.grad_view_of_no_grad_view,
         "fresh_leaf": info.fresh_leaf,
+        # See Note [View chains in the cache JSON format]: views of inputs only
+        "view_chain": None
+        if info.view_meta_sequence is None or info.output_type is not OutputType.alias_of_input
+        else view_chain_to_json(info.view_meta_sequence),
     }
 
 
@@ -153,6 +166,9 @@ def output_info_from_json(d: Any) -> OutputAliasInfo:
         raise CacheFormatError(f"unknown output kind {kind!r} or type {raw!r}")
     base = obj.get("base_idx")
     dims = obj.get("dynamic_dims")
+    chain = obj.get("view_chain")
+    if chain is not None and kind != OutputType.alias_of_input.name:
+        raise CacheFormatError("a view chain on an output that views no input")
     return _construct(
         OutputAliasInfo,
         output_type=OutputType[kind],
@@ -167,23 +183,17 @@ def output_info_from_json(d: Any) -> OutputAliasInfo:
             obj.get("grad_view_of_no_grad_view", False), "grad_view_of_no_grad_view"
         ),
         fresh_leaf=_bool(obj.get("fresh_leaf", False), "fresh_leaf"),
+        view_meta_sequence=None if chain is None else view_chain_from_json(chain),
     )
 
 
 def meta_to_json(meta: ViewAndMutationMeta) -> dict[str, Any]:
     """``meta`` as JSON data. See Note [Cache JSON format]."""
-    # functionalization's recorded view chains (See Note [View replay] in
-    # aotkit_functional) are C++ objects with no cache form; an entry restored without
-    # them would replay views of inputs another way, so such programs stay off the disk.
-    # Chains of views of intermediates are left out of the entry: without them the
-    # runtime replays the graph value's own view (See Note [View replay of intermediate
-    # aliases] in aotkit_analysis), correct for a base laid out as the graph's.
-    infos = [
-        *meta.input_info,
-        *(o for o in meta.output_info if o.output_type is OutputType.alias_of_input),
-    ]
-    if any(getattr(i, "view_meta_sequence", None) is not None for i in infos):
-        raise CacheFormatError("recorded view chains (view replay) have no cache form")
+    # functionalization's recorded view chains of inputs and of outputs that view inputs
+    # are stored (See Note [View chains in the cache JSON format]). Chains of views of
+    # intermediates are left out of the entry: without them the runtime replays the graph
+    # value's own view (See Note [View replay of intermediate aliases] in aotkit_analysis),
+    # correct for a base laid out as the graph's.
     tangents = []
     for t in meta.traced_tangents:
         if isinstance(t, torch.Tensor):
