@@ -54,7 +54,7 @@ _STAGES = [
     ("source", "aotkit_capture._disk_cache_key", "aotkit_source_hash"),
     ("load", "aotkit_capture._disk_cache_compile", "cache_load"),
     ("rebuild", "aotkit_capture._disk_cache_entry", "graph_from_json"),
-    ("fake mode", "aotkit_capture._disk_cache_compile", "FakeTensorMode"),
+    ("fake mode", "aotkit_capture._disk_cache_compile", "restore_fake_mode"),
     ("fw wrap", "aotkit_capture._disk_cache_compile", "training_call"),
     ("graph fn", "aotkit_backends._nop", "graph_function"),
 ]
