@@ -60,16 +60,18 @@ class _LazyLineTraceback:
 
 _STAND_IN = _LazyLineTraceback()
 _lock = threading.Lock()
+# the fake-tensor module's name for the traceback module
+_ATTR = "traceback"
 
 
 def restore_fake_mode() -> FakeTensorMode:
     """``FakeTensorMode()`` without the source-line reads of its debugging stack. See
     Note [A restored entry's fake mode]."""
-    if getattr(_fake_tensor_module, "traceback", None) is not traceback:
+    if getattr(_fake_tensor_module, _ATTR, None) is not traceback:
         return FakeTensorMode()
     with _lock:
-        _fake_tensor_module.traceback = _STAND_IN  # type: ignore[assignment]
+        setattr(_fake_tensor_module, _ATTR, _STAND_IN)
         try:
             return FakeTensorMode()
         finally:
-            _fake_tensor_module.traceback = traceback
+            setattr(_fake_tensor_module, _ATTR, traceback)
