@@ -18,8 +18,8 @@ Columns (medians over the processes, CPU ms):
 * ``compile_flat``: the whole cache hit (key, load, rebuild, forward compile, wrappers);
   ``key``: the disk key (``source``: of it, the per-process hash of aotkit's sources);
   ``load``: reading, checksumming and parsing the entry; ``rebuild``: rebuilding the FX
-  graphs from it; ``fake mode``: constructing the entry's FakeTensorMode (its constructor
-  records the Python stack with source lines, reading the files of the frames);
+  graphs from it; ``fake mode``: constructing the entry's FakeTensorMode
+  (``restore_fake_mode``: See Note [A restored entry's fake mode]);
   ``fw wrap``: building the forward and the autograd.Function around it;
 * ``graph fn``: nop's graph functions of both graphs (Python code generation,
   ``compile()``, and the in-place-addition analysis), the backward's at the first backward;
@@ -54,7 +54,7 @@ _STAGES = [
     ("source", "aotkit_capture._disk_cache_key", "aotkit_source_hash"),
     ("load", "aotkit_capture._disk_cache_compile", "cache_load"),
     ("rebuild", "aotkit_capture._disk_cache_entry", "graph_from_json"),
-    ("fake mode", "aotkit_capture._disk_cache_compile", "FakeTensorMode"),
+    ("fake mode", "aotkit_capture._disk_cache_compile", "restore_fake_mode"),
     ("fw wrap", "aotkit_capture._disk_cache_compile", "training_call"),
     ("graph fn", "aotkit_backends._nop", "graph_function"),
 ]

@@ -56,6 +56,7 @@ from ._requires_grad_changes import (
     flipping_runner,
     temporarily_flipped,
 )
+from ._restore_fake_mode import restore_fake_mode
 from ._trace import FlatFn
 from ._trace_scope import new_compilation
 
@@ -239,7 +240,8 @@ def _restore_entry(
         env = None
         if symbolic:
             fake_mode, fake, env = _symbolic_inputs(payload["shape"], flat_args, cfg)
-        entry = read_entry(payload, fake_mode or FakeTensorMode(), env)
+        # See Note [A restored entry's fake mode]
+        entry = read_entry(payload, fake_mode or restore_fake_mode(), env)
         graphs = compiled_graphs(entry)
         apply_artifact_keys(payload, graphs)  # See Note [Compiled-artifact keys]
         keep_artifact_keys_current(key, graphs)
