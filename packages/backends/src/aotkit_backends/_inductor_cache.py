@@ -236,12 +236,17 @@ def _pre_grad_uuids(custom: Any) -> list[Any] | None:
 def _input_layouts(fake_inputs: Sequence[Any]) -> list[Any]:
     """Each example input's dtype, device, sizes, strides and offset (symbolic ones by
     their expressions). See Note [Inductor artifact keys]: the backward's inputs take the
-    strides the compiled forward gave them, which the restored graph does not fix."""
+    strides the compiled forward gave them, which the restored graph does not fix. As in
+    Inductor's own key (``extract_tensor_metadata_for_cache_key``), the offset counts
+    only for inputs Inductor marks static: its code does not depend on other inputs'
+    offsets, and a restored graph's values do not keep them (the cold backward's saved
+    query/key/value views had offsets, the restored ones none, so the handle missed)."""
     out: list[Any] = []
     for x in fake_inputs:
         if isinstance(x, torch.Tensor):
+            offset = str(x.storage_offset()) if hasattr(x, "_is_inductor_static") else "0"
             out.append([str(x.dtype), str(x.device), [str(d) for d in x.shape],
-                        [str(d) for d in x.stride()], str(x.storage_offset())])
+                        [str(d) for d in x.stride()], offset])
         else:
             out.append(type(x).__name__)
     return out
