@@ -7,10 +7,12 @@ argv[1]: JSON ``{"aotkit": dir, "config": {inductor config name: value}, "functo
 {functorch config name: value}, "threads": n, "dynamic": bool, "batch": n, "pre_grad":
 uuid}`` (all but "aotkit" optional; dynamic: ``torch.compile(dynamic=True)``, batch: the
 batch size, 5 by default; model: "convnet" for three conv/batch-norm blocks instead of
-the MLP; pre_grad: a counting ``config.pre_grad_custom_pass`` with that
-uuid); Inductor's cache directory comes from TORCHINDUCTOR_CACHE_DIR. Also reports how
-often Inductor's pre-grad passes ran (``run_pre_grad_passes``) and the custom pass was
-called.
+the MLP; channels_last: the convnet and its input in channels-last memory format;
+pre_grad: a counting ``config.pre_grad_custom_pass`` with that uuid); Inductor's cache
+directory comes from TORCHINDUCTOR_CACHE_DIR. Also reports how often Inductor's pre-grad
+passes ran (``run_pre_grad_passes``), the custom pass was called and Inductor generated
+code (``fx_codegen_and_compile``: a graph compiled rather than loaded from its cache),
+and the module's buffers after the calls (BatchNorm's running statistics).
 """
 
 from __future__ import annotations
@@ -67,6 +69,14 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         return real_pre_grad(*args, **kwargs)
 
     compile_fx.run_pre_grad_passes = counted_pre_grad
+    codegens = [0]
+    real_codegen = compile_fx.fx_codegen_and_compile
+
+    def counted_codegen(*args: Any, **kwargs: Any) -> Any:
+        codegens[0] += 1
+        return real_codegen(*args, **kwargs)
+
+    compile_fx.fx_codegen_and_compile = counted_codegen
     custom = None
     if "pre_grad" in spec:
         custom = CountingPass(spec["pre_grad"])
@@ -83,7 +93,11 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         # pooled into a linear layer: a summed batch norm output has (nearly) zero gradient
         blocks += [torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(64, 4)]
         mod = torch.nn.Sequential(*blocks)
-        x = torch.randn(batch, 3, 32, 32, requires_grad=True)
+        x = torch.randn(batch, 3, 32, 32)
+        if spec.get("channels_last"):
+            mod = mod.to(memory_format=torch.channels_last)
+            x = x.to(memory_format=torch.channels_last)
+        x.requires_grad_(True)
         # Inductor's convolutions and batch-norm reductions round differently from eager's
         tol: dict[str, float] = {"rtol": 1e-4, "atol": 1e-4}
     else:
@@ -94,6 +108,7 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     out = opt(x)
     out.sum().backward()
     grads = [p.grad.clone() for p in mod.parameters()] + [x.grad.clone()]
+    buffers = [b.clone() for b in mod.buffers()]  # before eager's call updates them
     expected = mod(x)
     for p in mod.parameters():
         p.grad = None
@@ -110,10 +125,13 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
         "out": out.tolist(),
         "grads": [g.tolist() for g in grads],
         "inference": inference.tolist(),
+        "buffers": [b.tolist() for b in buffers],
+        "strides": [list(out.stride()), list(x.grad.stride())],
         "counters": dict(cache_counters),
         "fx_graph_hashes": hashes[0],
         "fxgraph_cache_hit": counters["inductor"]["fxgraph_cache_hit"],
         "pre_grad_runs": pre_grad_runs[0],
+        "inductor_codegens": codegens[0],
         "pre_grad_calls": None if custom is None else custom.calls,
     }
 

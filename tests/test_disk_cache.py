@@ -296,6 +296,29 @@ def test_graph_json_round_trip_and_unknown_targets() -> None:
         graph_from_json(data, FakeTensorMode())
 
 
+def test_graph_json_keeps_the_user_visible_output_stamp() -> None:
+    # See Note [User-visible output stamps of cached graphs]: aotkit_inductor's forward
+    # keeps the stamp, which decides how Inductor lays out its saved outputs
+    import aotkit
+
+    g = aotkit.aot_function(lambda x: (x.sin(), x.cos()), aotkit.nop)
+    g(torch.randn(2, 3))
+    gm = g._aotkit_cache.artifacts[0].inference_module
+    output = gm.graph.find_nodes(op="output")[0]
+    data = graph_to_json(gm)
+    assert "user_visible" not in data["nodes"][-1]  # unmarked graphs stay unmarked
+    back = graph_from_json(json.loads(json.dumps(data)), FakeTensorMode())
+    assert "user_visible_output_idxs" not in back.graph.find_nodes(op="output")[0].meta
+    output.meta["user_visible_output_idxs"] = [1]
+    data = graph_to_json(gm)
+    back = graph_from_json(json.loads(json.dumps(data)), FakeTensorMode())
+    assert back.graph.find_nodes(op="output")[0].meta["user_visible_output_idxs"] == [1]
+    for bad in ([2], [0, 0], ["0"], [True], 1, [-1]):
+        data["nodes"][-1]["user_visible"] = bad
+        with pytest.raises(CacheFormatError):
+            graph_from_json(data, FakeTensorMode())
+
+
 class _Double(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:

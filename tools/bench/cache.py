@@ -18,7 +18,11 @@ survives in memory:
   ``backend="aotkit_inductor"`` (aotkit's disk cache + Inductor's FX graph cache) against
   torch's ``backend="inductor"`` with its FX graph cache and AOTAutogradCache on. Cold:
   empty cache directories (aotkit's and Inductor's); warm: the directories the cold run
-  filled. Target: aotkit_inductor warm <= torch warm.
+  filled. Target: aotkit_inductor warm <= torch warm. Every ``compare.py`` model by
+  default (``--compile-models``); each warm process reports what it compiled (aotkit's
+  cache counters, Inductor's FX-graph-cache hits and code generations), and a warm
+  aotkit_inductor run that traced or generated code is flagged. ``--profile DIR`` runs
+  the warm processes under cProfile (``DIR/<backend>-<model>-<n>.prof``).
 
 Processes take turns (cold, warm, cold, warm, ...), medians over ``--reps``. In the
 compile part, each backend gets a cold process per ``--compile-reps``, then ``--warm-reps``
@@ -43,6 +47,18 @@ HERE = Path(__file__).resolve().parent
 
 
 def _child(kind: str, model: str) -> dict[str, Any]:
+    profile = os.environ.get("AOTKIT_BENCH_PROFILE")
+    if not profile:
+        return _child_run(kind, model)
+    import cProfile
+
+    prof = cProfile.Profile()
+    result = prof.runcall(_child_run, kind, model)
+    prof.dump_stats(profile)
+    return result
+
+
+def _child_run(kind: str, model: str) -> dict[str, Any]:
     sys.path.insert(0, str(HERE))
     import torch
     from compare import MODELS
@@ -66,6 +82,16 @@ def _child(kind: str, model: str) -> dict[str, Any]:
 
     else:
         import aotkit  # noqa: F401  (registers the backends)
+        import torch._inductor.compile_fx as compile_fx
+
+        codegens = [0]
+        real_codegen = compile_fx.fx_codegen_and_compile
+
+        def counted_codegen(*args: Any, **kwargs: Any) -> Any:
+            codegens[0] += 1
+            return real_codegen(*args, **kwargs)
+
+        compile_fx.fx_codegen_and_compile = counted_codegen  # Inductor generating code
 
         backend = "aotkit_inductor" if kind == "aotkit_inductor" else "inductor"
 
@@ -94,13 +120,24 @@ def _child(kind: str, model: str) -> dict[str, Any]:
         from aotkit_capture import cache_counters
 
         result["counters"] = dict(cache_counters)
+    elif kind != "eager":
+        from aotkit_capture import cache_counters
+        from torch._dynamo.utils import counters
+
+        result["counters"] = dict(cache_counters)
+        result["inductor"] = {
+            "codegen": codegens[0],
+            **{k: v for k, v in counters["inductor"].items() if "cache" in k},
+            **{f"aotautograd_{k}": v for k, v in counters["aot_autograd"].items() if "cache" in k},
+        }
     return result
 
 
-def _run(kind: str, model: str, env: dict[str, str]) -> dict[str, Any]:
+def _run(kind: str, model: str, env: dict[str, str], profile: str | None = None) -> dict[str, Any]:
+    more = {"AOTKIT_BENCH_PROFILE": profile} if profile else {}
     proc = subprocess.run(
         [sys.executable, __file__, "--child", kind, model],
-        env={**os.environ, **env},
+        env={**os.environ, **env, **more},
         capture_output=True,
         text=True,
         timeout=1800,
@@ -131,7 +168,7 @@ def _cold_warm(
 
 
 def _compile_cold_warm(
-    kinds: list[str], model: str, reps: int, warm_reps: int
+    kinds: list[str], model: str, reps: int, warm_reps: int, profile: str | None = None
 ) -> dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
     """Per rep: a cold process per backend (fresh cache directories), then ``warm_reps``
     warm processes per backend, the backends taking turns, so load drifts hit both alike."""
@@ -152,7 +189,10 @@ def _compile_cold_warm(
                 out[k][0].append(_run(k, model, envs[k]))
             for i in range(warm_reps):
                 for k in kinds if i % 2 == 0 else kinds[::-1]:
-                    out[k][1].append(_run(k, model, envs[k]))
+                    prof = None
+                    if profile:
+                        prof = os.path.join(profile, f"{k}-{model}-{len(out[k][1])}.prof")
+                    out[k][1].append(_run(k, model, envs[k], prof))
     return out
 
 
@@ -164,7 +204,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--child", nargs=2, metavar=("KIND", "MODEL"), help=argparse.SUPPRESS)
     ap.add_argument("--models", default="mlp,transformer,convnet,pointwise")
-    ap.add_argument("--compile-model", default="mlp", help="model for the torch.compile part")
+    ap.add_argument(
+        "--compile-models", "--compile-model", dest="compile_models",
+        default="mlp,transformer,convnet,pointwise",
+        help="comma-separated models for the torch.compile part",
+    )
+    ap.add_argument("--profile", metavar="DIR", help="cProfile the warm compile processes")
     ap.add_argument("--reps", type=int, default=3, help="cold/warm pairs per model (aot part)")
     ap.add_argument("--compile-reps", type=int, default=1, help="cold runs per backend (compile part)")
     ap.add_argument("--warm-reps", type=int, default=3, help="warm runs per cold run and backend")
@@ -195,27 +240,45 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.skip_compile:
         return 0
-    model = args.compile_model
-    print(f"\ntorch.compile({model}), fresh process, first forward+backward (wall seconds)")
-    print(f"{'backend':<38} {'cold':>8} {'warm':>8} {'warm CPU':>9}")
+    if args.profile:
+        os.makedirs(args.profile, exist_ok=True)
     kinds = {"aotkit_inductor": "aotkit_inductor", "inductor": "inductor (FXGraph+AOTAutograd caches)"}
-    runs = _compile_cold_warm(list(kinds), model, args.compile_reps, args.warm_reps)
-    warm_first = {}
-    for kind, label in kinds.items():
-        cold, warm = runs[kind]
-        warm_first[kind] = _med(warm, "first")
-        print(
-            f"{label:<38} {_med(cold, 'first'):>8.3f} {warm_first[kind]:>8.3f} "
-            f"{_med(warm, 'first_cpu'):>9.3f}"
+    summary = []
+    for model in args.compile_models.split(","):
+        print(f"\ntorch.compile({model}), fresh process, first forward+backward (wall seconds)")
+        print(f"{'backend':<38} {'cold':>8} {'warm':>8} {'warm CPU':>9}")
+        runs = _compile_cold_warm(
+            list(kinds), model, args.compile_reps, args.warm_reps, args.profile
         )
-    ratio = warm_first["aotkit_inductor"] / warm_first["inductor"]
-    a_warm, t_warm = runs["aotkit_inductor"][1], runs["inductor"][1]
-    cpu_ratio = _med(a_warm, "first_cpu") / _med(t_warm, "first_cpu")
-    pairs = " ".join(
-        f"{a['first_cpu'] / b['first_cpu']:.3f}" for a, b in zip(a_warm, t_warm, strict=True)
-    )
-    print(f"warm aotkit_inductor / warm inductor: {ratio:.3f} wall, {cpu_ratio:.3f} CPU "
-          f"(CPU per pair: {pairs})")
+        warm_first = {}
+        for kind, label in kinds.items():
+            cold, warm = runs[kind]
+            warm_first[kind] = _med(warm, "first")
+            print(
+                f"{label:<38} {_med(cold, 'first'):>8.3f} {warm_first[kind]:>8.3f} "
+                f"{_med(warm, 'first_cpu'):>9.3f}"
+            )
+        a_warm, t_warm = runs["aotkit_inductor"][1], runs["inductor"][1]
+        for r in a_warm:
+            if "trace" in r["counters"] or r["inductor"]["codegen"]:
+                print(f"  warning: a warm aotkit_inductor run compiled: {r['counters']} "
+                      f"{r['inductor']}")
+        print(f"  warm runs: aotkit {a_warm[0]['counters']} {a_warm[0]['inductor']}; "
+              f"torch {t_warm[0]['inductor']}")
+        ratio = warm_first["aotkit_inductor"] / warm_first["inductor"]
+        cpu_ratio = _med(a_warm, "first_cpu") / _med(t_warm, "first_cpu")
+        pairs = " ".join(
+            f"{a['first_cpu'] / b['first_cpu']:.3f}" for a, b in zip(a_warm, t_warm, strict=True)
+        )
+        print(f"warm aotkit_inductor / warm inductor: {ratio:.3f} wall, {cpu_ratio:.3f} CPU "
+              f"(CPU per pair: {pairs})")
+        summary.append((model, warm_first["aotkit_inductor"], warm_first["inductor"], ratio,
+                        cpu_ratio))
+    if len(summary) > 1:
+        print(f"\n{'model':<12} {'aotkit warm':>11} {'torch warm':>10} {'wall ratio':>10} "
+              f"{'CPU ratio':>9}")
+        for model, a, t, ratio, cpu_ratio in summary:
+            print(f"{model:<12} {a:>11.3f} {t:>10.3f} {ratio:>10.3f} {cpu_ratio:>9.3f}")
     return 0
 
 

@@ -23,12 +23,15 @@ Inductor's artifact without recomputing Inductor's cache key.
 # ``FxGraphHashDetails`` collects. aotkit's own entry key already fixes the graph (the
 # restored graph is the one that was compiled), but not all of its inputs' layouts: the
 # backward's saved-tensor inputs take the strides the compiled forward gave them (See Note
-# [Saved tensors keep the compiled forward's strides] in aotkit_capture), and a restored
-# forward is compiled without layout optimization (See Note [Layout optimization in
-# aotkit_inductor] in aotkit_frontends), so a warm backward may get contiguous inputs where
-# the cold one got channels-last (the stored artifact then failed its stride asserts). The
-# settings hash covers the inputs' layouts and every other part, read directly and
-# cheaply:
+# [Saved tensors keep the compiled forward's strides] in aotkit_capture), and a warm
+# forward that is compiled rather than loaded (its artifact gone, or compiled without
+# layout optimization: See Note [Layout optimization in aotkit_inductor] in
+# aotkit_frontends) may give them other strides than the cold one did, so a warm backward
+# may get contiguous inputs where the cold one got channels-last (the stored artifact then
+# failed its stride asserts). Nor does Inductor's key hash the graph's node meta, where the
+# forward's user-visible outputs are marked (which outputs keep the trace's strides: See
+# Note [Inductor's graph roles]). The settings hash covers the inputs' layouts, the
+# user-visible mark and every other part, read directly and cheaply:
 #   * Inductor's and its comms config (``save_config_portable``, as Inductor hashes them),
 #     the cache-key tag, the compile's keyword arguments (role, static inputs), deterministic
 #     algorithms, default dtype, matmul settings, thread count, provenance tracking,
@@ -82,6 +85,8 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_schemas import artifact_key, get_logger, record_artifact_key
+
+from ._inductor_passes import USER_VISIBLE_OUTPUTS_KEY
 
 _log = get_logger("compile")
 
@@ -231,18 +236,31 @@ def _pre_grad_uuids(custom: Any) -> list[Any] | None:
 def _input_layouts(fake_inputs: Sequence[Any]) -> list[Any]:
     """Each example input's dtype, device, sizes, strides and offset (symbolic ones by
     their expressions). See Note [Inductor artifact keys]: the backward's inputs take the
-    strides the compiled forward gave them, which the restored graph does not fix."""
+    strides the compiled forward gave them, which the restored graph does not fix. As in
+    Inductor's own key (``extract_tensor_metadata_for_cache_key``), the offset counts
+    only for inputs Inductor marks static: its code does not depend on other inputs'
+    offsets, and a restored graph's values do not keep them (the cold backward's saved
+    query/key/value views had offsets, the restored ones none, so the handle missed)."""
     out: list[Any] = []
     for x in fake_inputs:
         if isinstance(x, torch.Tensor):
+            offset = str(x.storage_offset()) if hasattr(x, "_is_inductor_static") else "0"
             out.append([str(x.dtype), str(x.device), [str(d) for d in x.shape],
-                        [str(d) for d in x.stride()], str(x.storage_offset())])
+                        [str(d) for d in x.stride()], offset])
         else:
             out.append(type(x).__name__)
     return out
 
 
-def _settings_hash(kwargs: dict[str, Any], fake_inputs: Sequence[Any]) -> str:
+def _user_visible(gm: torch.fx.GraphModule) -> Any:
+    """The user-visible mark on ``gm``'s output node (See Note [Inductor artifact keys])."""
+    marked = gm.graph.find_nodes(op="output")[0].meta.get(USER_VISIBLE_OUTPUTS_KEY)
+    return None if marked is None else [int(i) for i in marked]
+
+
+def _settings_hash(
+    kwargs: dict[str, Any], fake_inputs: Sequence[Any], gm: torch.fx.GraphModule
+) -> str:
     """See Note [Inductor artifact keys]. Raises _NoHandle."""
     from torch._inductor import config
     from torch._inductor.utils import should_use_remote_fx_graph_cache
@@ -289,6 +307,7 @@ def _settings_hash(kwargs: dict[str, Any], fake_inputs: Sequence[Any]) -> str:
         ],
         "coor": _coor(),
         "inputs": _input_layouts(fake_inputs),
+        "user_visible": _user_visible(gm),
     }
     try:
         text = json.dumps(settings, sort_keys=True, allow_nan=False)
@@ -363,7 +382,7 @@ def remember(
     try:
         if not _graph_describable(gm, fake_inputs) and compiled.guards_expr:
             return  # guards without symbolic inputs: not a case Inductor makes
-        settings = _settings_hash(full_kwargs(kwargs), fake_inputs)
+        settings = _settings_hash(full_kwargs(kwargs), fake_inputs, gm)
         record_artifact_key(gm, f"{_PREFIX}/{settings}/{key}")
     except _NoHandle as e:
         _log.debug("Inductor's cache key not stored with the graph: %s", e)
@@ -384,7 +403,7 @@ def load(gm: torch.fx.GraphModule, fake_inputs: list[Any], kwargs: dict[str, Any
     try:
         symbolic = _graph_describable(gm, fake_inputs)
         graph_kwargs = full_kwargs(kwargs)
-        if _settings_hash(graph_kwargs, fake_inputs) != parts[1]:
+        if _settings_hash(graph_kwargs, fake_inputs, gm) != parts[1]:
             _log.debug("Inductor's settings or the inputs' layouts changed since the graph "
                        "was cached; compiling")
             return None

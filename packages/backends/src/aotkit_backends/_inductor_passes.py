@@ -84,8 +84,10 @@ def role_kwargs(
     the role's preparation of ``gm`` (joint passes for an inference graph, user-visible
     outputs). See Note [Inductor's graph roles]."""
     if role is not None and role != "forward":
-        # the forward's are marked by the partition step, or (another partitioner, a graph
-        # restored from the disk cache) left unmarked: then no output's strides are pinned
+        # the forward's are marked by the partition step (a graph restored from the disk
+        # cache keeps the mark: See Note [User-visible output stamps of cached graphs] in
+        # aotkit_capture), or (another partitioner) left unmarked: then no output's
+        # strides are pinned
         mark_user_visible_outputs(gm)
     return compile_kwargs_for_role(gm, role)
 

@@ -110,6 +110,7 @@ from ._disk_cache_hops import (
     subgraphs_to_json,
 )
 from ._disk_cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
+from ._disk_cache_stamps import output_stamp_from_json, output_stamp_to_json
 from ._disk_cache_symbolic import SymbolicForm, eval_tree
 from ._disk_cache_values import (
     LazyValueMeta,
@@ -505,6 +506,8 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
         static = node.meta.get(_STATIC_INPUT_KEY)
         if node.op == "placeholder" and isinstance(static, bool):
             entry["static"] = static  # See Note [Static input stamps of cached graphs]
+        if node.op == "output":
+            output_stamp_to_json(node, entry)
         nodes.append(entry)
     subgraphs = subgraphs_to_json(gm, lambda sub: graph_to_json(sub, form))
     # See Note [Higher-order operators in the on-disk cache]
@@ -567,7 +570,9 @@ def graph_from_json(
                 if not isinstance(static, bool):
                     raise CacheFormatError(f"bad static flag of input {name}")
                 node.meta[_STATIC_INPUT_KEY] = static
-        elif op not in ("output", "get_attr"):
+        elif op == "output":
+            output_stamp_from_json(node, entry)
+        elif op != "get_attr":
             _set_value(node, entry.get("val"), fake_mode, symbols)
         env[name] = node
     # See Note [Higher-order operators in the on-disk cache]

@@ -271,9 +271,10 @@ def dtype_from_inputs(example_inputs: Iterable[Any]) -> torch.dtype:
 # forward's strides] in aotkit_capture): the forward compiles while the strides are
 # listened to (``TracingContext.output_strides`` is a list), its user outputs are marked
 # user-visible (so Inductor pins their strides to the trace's; the partition step marks
-# them), and Inductor reported one stride per forward output. Otherwise (no TracingContext,
-# a forward from another partitioner or restored from the disk cache, effect tokens
-# unlifted around Inductor) the forward is compiled with the optimization off, so every
+# them; a forward restored from the disk cache keeps the mark: See Note [User-visible
+# output stamps of cached graphs] in aotkit_capture), and Inductor reported one stride per
+# forward output. Otherwise (no TracingContext, a forward from another partitioner, effect
+# tokens unlifted around Inductor) the forward is compiled with the optimization off, so every
 # output keeps the trace's strides. The backward and inference graphs keep it on: all their
 # outputs are user-visible, and the backward's inputs are the restrided saved tensors and
 # the tangents coerced to their traced layouts.
