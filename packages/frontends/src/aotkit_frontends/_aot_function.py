@@ -397,7 +397,13 @@ class AOTModule(nn.Module):
                 return compiled(*state.current(), *args, **kwargs)
             except RetryWithTensorAttributes:
                 continue
-        raise AssertionError("aot_module: tensor attributes kept changing while traced")
+        raise RuntimeError(
+            f"aot_module: the forward read new tensors held in plain module attributes on "
+            f"each of {RETRY_LIMIT} traces in a row, so aotkit could not settle which of "
+            f"them are graph inputs. Register them as buffers (module.register_buffer) "
+            f"or pass them to forward as arguments. See Note [Tensor attributes of "
+            f"aot_module's modules]."
+        )
 
 
 def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:
