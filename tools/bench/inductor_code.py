@@ -12,7 +12,9 @@ their layouts (saved tensors hooks).
     uv run --group bench python tools/bench/inductor_code.py --models resnet18,micro_convnet
     uv run --group bench python tools/bench/inductor_code.py --models resnet18 --dump /tmp/rc
 
-``--dump DIR`` writes every output code to ``DIR/<model>.<backend>.<n>.py`` for a diff.
+``--dump DIR`` writes every output code to ``DIR/<model>.<backend>.<n>.py`` for a diff, and
+the FX graph Inductor got for it (``_compile_fx_inner``'s input, with shapes and strides) to
+``DIR/<model>.<backend>.<n>.fx.txt``: which values each partition saves and recomputes.
 """
 
 from __future__ import annotations
@@ -63,18 +65,31 @@ def summarize(code: str) -> dict[str, Any]:
     return out
 
 
+GRAPHS: list[str] = []  # the FX graphs of the last capture(), in compile order
+
+
 def capture(name: str, backend: Any) -> tuple[list[str], list[tuple[tuple[int, ...], tuple[int, ...], str]]]:
+    import torch._inductor.compile_fx as compile_fx
     from torch._inductor.graph import GraphLowering
 
     codes: list[str] = []
     saved = GraphLowering.save_output_code
+    inner = compile_fx._compile_fx_inner
+    GRAPHS.clear()
+
+    def recording_inner(gm: torch.fx.GraphModule, *a: Any, **kw: Any) -> Any:
+        GRAPHS.append(gm.print_readable(print_output=False, include_stride=True))
+        return inner(gm, *a, **kw)
+
     GraphLowering.save_output_code = codes.append  # type: ignore[assignment]
+    compile_fx._compile_fx_inner = recording_inner  # type: ignore[assignment]
     try:
         torch._dynamo.reset()
         t = zoo.make_trainer(name, backend)
         t.step()
     finally:
         GraphLowering.save_output_code = saved  # type: ignore[assignment]
+        compile_fx._compile_fx_inner = inner  # type: ignore[assignment]
     layouts: list[tuple[tuple[int, ...], tuple[int, ...], str]] = []
     resident = {x.untyped_storage().data_ptr() for x in t.built.resident}
 
@@ -108,6 +123,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 os.makedirs(args.dump, exist_ok=True)
                 for i, c in enumerate(codes):
                     Path(args.dump, f"{name}.{kind}.{i}.py").write_text(c)
+                for i, g in enumerate(GRAPHS):
+                    Path(args.dump, f"{name}.{kind}.{i}.fx.txt").write_text(g)
         print(f"== {name}")
         n = max(len(r[0]) for r in results.values())
         for i in range(n):
