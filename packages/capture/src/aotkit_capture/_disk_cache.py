@@ -11,7 +11,8 @@
 # backward-mutated inputs, the trace path flags, the frontend's output layout (the
 # ``CacheSidecar``), and the forward/backward or inference graphs in a structured form:
 # every node with its op, name, target, arguments and the shape/stride/dtype/device/
-# requires_grad of its value.
+# requires_grad of its value (each distinct value stored once: See Note [The value table
+# of a cached graph]).
 # Invariants:
 #   * Never unpickle, never evaluate. Targets are looked up, not evaluated: ATen overloads
 #     through ``torch.ops`` and a closed table of Python operators; dtypes, enums and
