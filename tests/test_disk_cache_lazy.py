@@ -106,11 +106,15 @@ def test_restored_values_equal_an_eager_rebuild() -> None:
 )
 def test_a_bad_deferred_value_rejects_the_graph_at_once(damage: tuple[str, str]) -> None:
     _, bw = _training_graphs()
-    text = json.dumps(graph_to_json(bw), separators=(",", ":"))
-    # damage only the last node with a value (never a placeholder: a deferred one)
-    head, sep, tail = text.rpartition('"val":')
-    assert damage[0] in tail
-    bad = json.loads(head + sep + tail.replace(damage[0], damage[1], 1))
+    data = graph_to_json(bw)
+    # damage only a value no placeholder has (a deferred one), in the graph's value table
+    # (See Note [The value table of a cached graph])
+    eager = {n["val"] for n in data["nodes"] if n["op"] == "placeholder"}
+    i = max(set(range(len(data["vals"]))) - eager)
+    text = json.dumps(data["vals"][i], separators=(",", ":"))
+    assert damage[0] in text
+    data["vals"][i] = json.loads(text.replace(damage[0], damage[1], 1))
+    bad = json.loads(json.dumps(data))
     with pytest.raises(CacheFormatError):
         graph_from_json(bad, FakeTensorMode())
 
@@ -118,8 +122,11 @@ def test_a_bad_deferred_value_rejects_the_graph_at_once(damage: tuple[str, str])
 def test_requires_grad_on_an_integer_value_is_rejected_at_once() -> None:
     _, bw = _training_graphs()
     data = graph_to_json(bw)
-    node = next(n for n in reversed(data["nodes"]) if "T" in n.get("val", {}))
-    node["val"] = {"T": {**node["val"]["T"], "dtype": "int64"}, "rg": True}
+    # a value of a non-placeholder node (deferred), in the graph's value table (See Note
+    # [The value table of a cached graph])
+    node = next(n for n in reversed(data["nodes"]) if "val" in n and "T" in data["vals"][n["val"]])
+    i = node["val"]
+    data["vals"][i] = {"T": {**data["vals"][i]["T"], "dtype": "int64"}, "rg": True}
     with pytest.raises(CacheFormatError):
         graph_from_json(json.loads(json.dumps(data)), FakeTensorMode())
 
@@ -306,3 +313,32 @@ def test_a_deferred_value_is_the_same_wherever_it_is_first_read() -> None:
             v = n.meta.get("val")
             if isinstance(v, torch.Tensor):
                 assert type(v) is FakeTensor and v.fake_mode is mode and not v.is_inference()
+
+
+def test_the_value_table_holds_each_value_once_and_nodes_get_their_own_values() -> None:
+    # See Note [The value table of a cached graph]
+    _, bw = _training_graphs()
+    data = json.loads(json.dumps(graph_to_json(bw)))
+    refs = [n["val"] for n in data["nodes"] if "val" in n]
+    assert len(data["vals"]) == len(set(refs)) < len(refs)  # shared, and none unused
+    texts = [json.dumps(v, sort_keys=True) for v in data["vals"]]
+    assert len(set(texts)) == len(texts)
+    gm = graph_from_json(data, FakeTensorMode())
+    values = [n.meta["val"] for n in gm.graph.nodes if n.op not in ("output", "get_attr")]
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    assert len({id(t) for t in tensors}) == len(tensors)  # a fresh value per node
+    for node, before in zip(gm.graph.nodes, bw.graph.nodes, strict=True):
+        v, w = node.meta.get("val"), before.meta.get("val")
+        if isinstance(w, torch.Tensor):
+            assert (v.shape, v.stride(), v.dtype, v.requires_grad) == (
+                w.shape, w.stride(), w.dtype, w.requires_grad)
+
+
+@pytest.mark.parametrize("bad", [-1, 10**6, "0", 0.0, True, None])
+def test_a_value_that_is_not_a_table_index_rejects_the_graph(bad: Any) -> None:
+    _, bw = _training_graphs()
+    data = json.loads(json.dumps(graph_to_json(bw)))
+    node = next(n for n in reversed(data["nodes"]) if "val" in n)
+    node["val"] = bad
+    with pytest.raises(CacheFormatError):
+        graph_from_json(data, FakeTensorMode())

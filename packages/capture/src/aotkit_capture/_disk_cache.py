@@ -11,7 +11,8 @@
 # backward-mutated inputs, the trace path flags, the frontend's output layout (the
 # ``CacheSidecar``), and the forward/backward or inference graphs in a structured form:
 # every node with its op, name, target, arguments and the shape/stride/dtype/device/
-# requires_grad of its value.
+# requires_grad of its value (each distinct value stored once: See Note [The value table
+# of a cached graph]).
 # Invariants:
 #   * Never unpickle, never evaluate. Targets are looked up, not evaluated: ATen overloads
 #     through ``torch.ops`` and a closed table of Python operators; dtypes, enums and
@@ -73,7 +74,6 @@
 from __future__ import annotations
 
 import collections
-import functools
 import hashlib
 import json
 import logging
@@ -111,16 +111,9 @@ from ._disk_cache_hops import (
 )
 from ._disk_cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
 from ._disk_cache_stamps import output_stamp_from_json, output_stamp_to_json
-from ._disk_cache_symbolic import SymbolicForm, eval_tree
-from ._disk_cache_values import (
-    LazyValueMeta,
-    StaticTensor,
-    add_node,
-    build_recipe,
-    parse_device,
-    set_meta,
-    static_recipe,
-)
+from ._disk_cache_symbolic import SymbolicForm
+from ._disk_cache_value_table import ValueTable, ValueTableWriter
+from ._disk_cache_values import add_node, parse_device
 
 log = logging.getLogger(__name__)
 
@@ -426,48 +419,6 @@ def _val_to_json(val: Any, form: SymbolicForm | None) -> Any:
     raise Uncacheable(f"a graph value of type {type(val).__name__} has no cache form")
 
 
-def _val_from_json(d: Any, fake_mode: FakeTensorMode, env: dict[str, Any] | None) -> Any:
-    if not isinstance(d, dict) or len(d) not in (1, 2):
-        raise CacheFormatError("bad node value")
-    if "T" in d:
-        return StaticTensor(d["T"], d.get("rg")).build(fake_mode)
-    if "ST" in d and env is not None:
-        return _symbolic_tensor(d, fake_mode, env)
-    if "si" in d and env is not None:
-        v = eval_tree(d["si"], env)
-        if not isinstance(v, (int, torch.SymInt)) or isinstance(v, bool):
-            raise CacheFormatError("a SymInt value is not an int")
-        return v
-    if "l" in d and isinstance(d["l"], list):
-        return [_val_from_json(v, fake_mode, env) for v in d["l"]]
-    if "s" in d:
-        return None  # a Python scalar: its value is not part of the graph's metadata
-    raise CacheFormatError("bad node value")
-
-
-def _symbolic_tensor(d: dict[str, Any], fake_mode: FakeTensorMode, env: dict[str, Any]) -> Any:
-    spec = d["ST"]
-    if not isinstance(spec, dict):
-        raise CacheFormatError("bad symbolic tensor")
-    size, stride = spec.get("size"), spec.get("stride")
-    dtype, device = spec.get("dtype"), spec.get("device")
-    if not isinstance(size, list) or not isinstance(stride, list) or len(size) != len(stride):
-        raise CacheFormatError("bad symbolic tensor")
-    if not isinstance(dtype, str) or not isinstance(device, str):
-        raise CacheFormatError("bad symbolic tensor")
-    dims = [eval_tree(x, env) for x in (*size, *stride)]
-    if not all(isinstance(x, (int, torch.SymInt)) and not isinstance(x, bool) for x in dims):
-        raise CacheFormatError("a size is not an int")
-    with fake_mode:
-        t = torch.empty_strided(
-            dims[: len(size)], dims[len(size):], dtype=dtype_from_name(dtype),
-            device=torch.device(device),
-        )
-    if d.get("rg") is True:
-        t.requires_grad_(True)
-    return t
-
-
 # Note [Static input stamps of cached graphs]
 # The partitioners stamp each primal placeholder with ``meta["is_static_input"]`` (whether
 # it keeps its address from call to call), and aotkit_inductor reads the stamps to hand
@@ -482,6 +433,7 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
     """``gm``'s graph in the structured form of Note [On-disk compile cache]; ``form``
     converts symbolic sizes (See Note [Dynamic shapes in the on-disk cache])."""
     nodes = []
+    vals = ValueTableWriter()  # See Note [The value table of a cached graph]
     rng = rng_state_values(gm)  # See Note [RNG state operators in the on-disk cache]
     for node in gm.graph.nodes:
         if node.op not in ("placeholder", "call_function", "output", "get_attr"):
@@ -497,12 +449,12 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
         entry["kwargs"] = [[k, _arg_to_json(v)] for k, v in node.kwargs.items()]
         if node in rng:
             val = node.meta.get("val")
-            entry["val"] = (
+            entry["val"] = vals.ref(
                 rng_state_json(val) if rng[node] == "state"
                 else {"l": [rng_state_json(val[0]), _val_to_json(val[1], form)]}
             )
         elif node.op not in ("output", "get_attr"):
-            entry["val"] = _val_to_json(node.meta.get("val"), form)
+            entry["val"] = vals.ref(_val_to_json(node.meta.get("val"), form))
         static = node.meta.get(_STATIC_INPUT_KEY)
         if node.op == "placeholder" and isinstance(static, bool):
             entry["static"] = static  # See Note [Static input stamps of cached graphs]
@@ -511,23 +463,13 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
         nodes.append(entry)
     subgraphs = subgraphs_to_json(gm, lambda sub: graph_to_json(sub, form))
     # See Note [Higher-order operators in the on-disk cache]
-    out: dict[str, Any] = {"nodes": nodes, "subgraphs": subgraphs} if subgraphs else {"nodes": nodes}
+    out: dict[str, Any] = {"nodes": nodes, "vals": vals.values}
+    if subgraphs:
+        out["subgraphs"] = subgraphs
     constants = constants_to_json(gm)  # See Note [Tensor constants in the on-disk cache]
     if constants:
         out["constants"] = constants
     return out
-
-
-def _set_value(
-    node: torch.fx.Node, d: Any, fake_mode: FakeTensorMode, symbols: dict[str, Any] | None
-) -> None:
-    """A static value is checked now and built at first read (See Note [Lazy node values
-    of restored graphs]); a symbolic one is built now."""
-    recipe = static_recipe(d)
-    if recipe is NotImplemented:
-        node.meta["val"] = _val_from_json(d, fake_mode, symbols)
-    else:
-        set_meta(node, LazyValueMeta(functools.partial(build_recipe, recipe, fake_mode), recipe))
 
 
 def graph_from_json(
@@ -539,6 +481,7 @@ def graph_from_json(
         raise CacheFormatError("a graph must be an object with a node list")
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
+    values = ValueTable(d.get("vals"), fake_mode, symbols)
     for entry in d["nodes"]:
         if not isinstance(entry, dict):
             raise CacheFormatError("a node must be an object")
@@ -564,7 +507,7 @@ def graph_from_json(
         if node.name != name:
             raise CacheFormatError(f"node name {name!r} is not a valid identifier")
         if op == "placeholder":
-            node.meta["val"] = _val_from_json(entry.get("val"), fake_mode, symbols)
+            node.meta["val"] = values.build_now(entry.get("val"), name)
             static = entry.get("static")
             if static is not None:
                 if not isinstance(static, bool):
@@ -573,7 +516,7 @@ def graph_from_json(
         elif op == "output":
             output_stamp_from_json(node, entry)
         elif op != "get_attr":
-            _set_value(node, entry.get("val"), fake_mode, symbols)
+            values.set_value(node, entry.get("val"))
         env[name] = node
     # See Note [Higher-order operators in the on-disk cache]
     owner = owner_from_json(
