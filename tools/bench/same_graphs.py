@@ -19,6 +19,8 @@ Variants:
             joint nodes] in aotkit_partitioners)
   direct    the backward ops' fake kernels through FakeTensorMode's own route, as before
             Note [Decompositions run directly on meta] in aotkit_capture
+  bn        only the forward's batch norm through FakeTensorMode's own route, as before
+            Note [The forward's batch norm directly on meta] in aotkit_capture
 
 Usage:
   uv run --group bench python tools/bench/same_graphs.py --variant flags
@@ -138,6 +140,11 @@ def variant(name: str) -> Iterator[None]:
 
         patches.append((sp, "direct_decompositions", ordinary))
         patches.append((tr, "direct_decompositions", ordinary))
+    elif name == "bn":
+        import aotkit_capture._direct_decompositions as dd
+
+        bn = torch.ops.aten._native_batch_norm_legit_functional.default
+        patches.append((dd, "DIRECT_OPS", dd.DIRECT_OPS - {bn}))
     else:
         raise SystemExit(f"unknown variant {name!r}")
     saved = [(obj, attr, getattr(obj, attr)) for obj, attr, _ in patches]
@@ -207,7 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    ap.add_argument("--variant", required=True, choices=("flags", "fold", "flow", "copy", "direct"))
+    ap.add_argument(
+        "--variant", required=True, choices=("flags", "fold", "flow", "copy", "direct", "bn")
+    )
     ap.add_argument("--models", default=",".join(zoo.DEFAULT_SET))
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")

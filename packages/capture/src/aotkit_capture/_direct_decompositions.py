@@ -23,16 +23,30 @@
 # device, requires_grad, FakeTensor-ness) matched the ordinary fake route on random
 # configurations (300 per op when the list was made, 60 per op in the test): ranks 2-5, sizes with 1s, contiguous, channels-last, transposed
 # and permuted layouts mixed between arguments, four float dtypes, flags requiring grad
-# (tests/test_direct_decompositions.py). ``_native_batch_norm_legit_functional`` failed
-# that check and is not listed: its decomposition branches on ``input.device.type``, and
-# inside the kernel invocation a FakeTensor reports the meta device (eval mode gave
-# ``(C,)`` saved statistics where the fake route gives ``(0,)``); the fake route also
-# flags its outputs as requiring grad through the autograd key it re-enters. The direct
-# route is taken only when every tensor argument is a plain FakeTensor of this mode,
+# (tests/test_direct_decompositions.py). The direct route is taken only when every tensor
+# argument is a plain FakeTensor of this mode,
 # strided, without symbolic sizes or a constant, all on the CPU (where the check ran; a
 # device-type branch could differ elsewhere), no argument is symbolic, and the mode
 # propagates no real tensors; otherwise, or if the decomposition raises, the ordinary
 # route runs (and raises its own error).
+#
+# Note [The forward's batch norm directly on meta]
+# The one forward op in ``DIRECT_OPS``: ``_native_batch_norm_legit_functional``, which the
+# functionalized trace makes of every BatchNorm in training. Dynamo ran the mutating
+# ``_native_batch_norm_legit`` instead, so each BatchNorm shape misses the fake cache in
+# both AOT layers; on efficientnet_b0 its 19 misses cost about 100-150 ms of the layer (the
+# fake route's 15 inner fake dispatches, each with its cache key). Its decomposition
+# branches on ``input.device.type``, which inside the kernel invocation reports the meta
+# device, so only the branch-free case is routed (``_batch_norm_branch_free``): training
+# mode (eval mode gives ``(C,)`` saved statistics on meta, ``(0,)`` on CPU) and an input
+# of float32 or float64 (the CPU branch casts the saved statistics to the input's dtype,
+# a no-op only when that is the computation dtype; half types compute in float32). Both
+# routes run the decomposition with the same dispatch-key state, so an output requires
+# grad on the direct route exactly when autograd ran inside it; the direct route then
+# steps aside (``NotImplemented``) rather than trust ``wrap_meta_outputs`` with the flag:
+# in the joint traces autograd sits above functionalization and no output requires grad.
+# Validated like the others (tests/test_direct_decompositions.py), with and without
+# autograd's keys excluded.
 """
 
 from __future__ import annotations
@@ -71,6 +85,8 @@ DIRECT_OPS: frozenset[torch._ops.OpOverload] = frozenset(
         _aten.leaky_relu_backward.default,
         _aten.softplus_backward.default,
         _aten.native_dropout_backward.default,
+        # See Note [The forward's batch norm directly on meta]
+        _aten._native_batch_norm_legit_functional.default,
     }
 )
 
@@ -83,6 +99,24 @@ def _decomposition(func: Any) -> Callable[..., Any] | None:
     from torch._decomp import decomposition_table
 
     return decomposition_table.get(func)
+
+
+def _batch_norm_branch_free(args: Sequence[Any], kwargs: Mapping[str, Any]) -> bool:
+    """See Note [The forward's batch norm directly on meta]."""
+    if kwargs or len(args) != 8:
+        return False
+    x, training = args[0], args[5]
+    return (
+        training is True
+        and isinstance(x, torch.Tensor)
+        and x.dtype in (torch.float32, torch.float64)
+    )
+
+
+# ops whose decomposition branches on the device: the arguments for which it does not
+_CONDITIONS: dict[Any, Callable[[Sequence[Any], Mapping[str, Any]], bool]] = {
+    _aten._native_batch_norm_legit_functional.default: _batch_norm_branch_free,
+}
 
 
 def _eligible(mode: FakeTensorMode, flat: Sequence[Any]) -> bool:
@@ -119,6 +153,9 @@ def run_directly(
     decomp = _decomposition(func)
     if decomp is None or mode.propagate_real_tensors:
         return NotImplemented
+    condition = _CONDITIONS.get(func)
+    if condition is not None and not condition(args, kwargs):
+        return NotImplemented
     flat = pytree.tree_leaves((args, kwargs))
     if not _eligible(mode, flat):
         return NotImplemented
@@ -127,6 +164,10 @@ def run_directly(
             out = decomp(*args, **kwargs)
     except Exception:
         return NotImplemented  # the ordinary route raises its own error
+    if condition is not None and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in pytree.tree_leaves(out)
+    ):
+        return NotImplemented  # See Note [The forward's batch norm directly on meta]
     # the same call FakeTensorMode makes after running a meta kernel
     return mode.wrap_meta_outputs_with_default_device_logic(
         out,
