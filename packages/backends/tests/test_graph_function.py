@@ -278,3 +278,20 @@ def test_nop_offers_a_stealing_entry_only_for_graph_functions() -> None:
     assert args == []
     module_graph = torch.fx.symbolic_trace(torch.nn.Sequential(torch.nn.Linear(2, 2)))
     assert stealing_entry(nop(module_graph, [])) is None
+
+
+def test_inputs_are_dropped_only_by_a_stealing_graph_function() -> None:
+    # See Note [Graph functions]: without steal_args the caller's arguments hold every
+    # input until the call returns, so the generated code does not drop their locals
+    gm = make_fx(lambda a, b: [(a.sin() * b).cos()])(torch.randn(3), torch.randn(3))
+    plain = graph_function(gm)
+    stealing = graph_function(gm, steal_args=True)
+    assert plain is not None and stealing is not None
+    plain_source: str = plain._aotkit_source  # type: ignore[attr-defined]
+    stealing_source: str = stealing._aotkit_source  # type: ignore[attr-defined]
+    assert "_v0 = None" not in plain_source and "_v1 = None" not in plain_source
+    assert "_v2 = None" in plain_source  # the sin result is still dropped after the mul
+    assert "_v0 = None" in stealing_source and "_v1 = None" in stealing_source
+    a, b = torch.randn(3), torch.randn(3)
+    _assert_same(gm(a, b), plain(a, b))
+    _assert_same(gm(a, b), stealing([a, b]))

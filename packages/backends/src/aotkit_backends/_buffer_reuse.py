@@ -89,6 +89,10 @@ def _schema_facts(op: torch._ops.OpOverload) -> tuple[bool, bool]:
 def in_place_adds(nodes: Sequence[torch.fx.Node]) -> set[torch.fx.Node]:
     """The ``add.Tensor`` nodes that may be computed as ``args[0].add_(args[1])`` with grad
     mode off. See Note [In-place accumulation in graph functions]."""
+    # a graph without additions has none to find: no schema is read (the first read of
+    # an operator's schema in a process is costly, and a warm start pays it per operator)
+    if not any(node.target is _ADD for node in nodes):
+        return set()
     index = {n: i for i, n in enumerate(nodes)}
     root: dict[torch.fx.Node, torch.fx.Node] = {}
     fresh: set[torch.fx.Node] = set()  # roots whose memory the graph allocated

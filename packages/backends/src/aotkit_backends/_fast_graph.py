@@ -19,7 +19,9 @@
 #     ``OpOverload.__call__``);
 #   * anything else (``operator.getitem``, SymInt arithmetic, higher-order ops) is called as
 #     the graph calls it;
-#   * a value is dropped after its last use, as FX's code does, so memory is freed as early;
+#   * a value is dropped after its last use, as FX's code does, so memory is freed as early
+#     (an input only with ``steal_args``: otherwise the caller's arguments hold every
+#     input until the call returns, and dropping the local frees nothing);
 #   * with grad mode off, an addition that may write into its first operand does (See
 #     Note [In-place accumulation in graph functions]); that is the one change of op.
 # Graphs with features the generator does not handle (``call_module``/``call_method`` nodes,
@@ -111,6 +113,10 @@ def _binding_fits(op: torch._ops.OpOverload, node: torch.fx.Node) -> bool:
     kwargs = node.kwargs
     if "self" in kwargs:
         return False
+    # only a value other than a graph value or None can make the binding pick another
+    # overload: without one, the schema is not read (costly the first time per process)
+    if all(a is None or isinstance(a, torch.fx.Node) for a in (*node.args, *kwargs.values())):
+        return True
     try:
         tensor_args = _tensor_args[op]
     except KeyError:
@@ -245,7 +251,10 @@ def graph_function(
                 break
             else:
                 return None
-            dead = [emit.names[v] for v in freed_after.get(node, ())]
+            dead = [
+                emit.names[v] for v in freed_after.get(node, ())
+                if steal_args or v.op != "placeholder"
+            ]
             if dead:
                 body[-1] += "; " + " = ".join(dead) + " = None"
     except _Unsupported:

@@ -105,7 +105,6 @@ def ambient_state_key() -> tuple[Any, ...]:
 
 
 @functools.cache
-@functools.cache
 def aotkit_source_hash() -> str:
     """A hash of every aotkit package's Python sources: each file's path, size and
     modification time (a development checkout changes without a version bump; reading
@@ -359,13 +358,13 @@ def symbolic_kind(flat_args: Sequence[Any], cfg: AOTConfig) -> str | None:
     return None
 
 
-def _input_key(flat_args: Sequence[Any], cfg: AOTConfig) -> list[Any]:
-    """Every input's metadata. With symbolic sizes (See Note [Dynamic shapes in the
-    on-disk cache]): the sizes of real inputs past the parameters and the values of ints
-    are left to the entry's shape facts; dynamo's fakes are keyed by their expressions."""
+def _input_key(flat_args: Sequence[Any], cfg: AOTConfig, kind: str | None) -> list[Any]:
+    """Every input's metadata; ``kind`` is ``symbolic_kind(flat_args, cfg)``. With symbolic
+    sizes (See Note [Dynamic shapes in the on-disk cache]): the sizes of real inputs past
+    the parameters and the values of ints are left to the entry's shape facts; dynamo's
+    fakes are keyed by their expressions."""
     from ._disk_cache_symbolic import Canonical
 
-    kind = symbolic_kind(flat_args, cfg)
     symbolic = kind is not None
     canon = Canonical()
     storages: dict[int, int] = {}
@@ -477,7 +476,7 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
         ("torch", torch.__version__),
         ("aotkit", aotkit_source_hash()),
         ("program", identity),
-        ("inputs", _input_key(flat_args, cfg)),
+        ("inputs", _input_key(flat_args, cfg, symbolic)),
         ("ambient", [repr(x) for x in ambient_state_key()]),
         ("partitioner", _callable_key("partitioner", cfg.partition_fn)),
         ("fw", _callable_key("forward compiler", cfg.fw_compiler)),

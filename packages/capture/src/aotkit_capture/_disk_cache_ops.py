@@ -58,6 +58,9 @@ _TORCH_NAMESPACES = frozenset({
     "coor", "_native", "_inductor_test", "export", "debug_mode_ops", "higher_order",
 })
 _TORCH_PREFIXES = tuple(f"{ns}/" for ns in _TORCH_NAMESPACES)
+# the same as qualified-name prefixes: one ``str.startswith`` per operator, since every key
+# checks each of the process's few hundred registered operators
+_TORCH_QUALIFIED = tuple(f"{ns}::" for ns in _TORCH_NAMESPACES)
 _LINE = re.compile(r"(\w+)(?:\[alias\])?: registered at (.*):\d+ :: \(none\)")
 _DEF = re.compile(r"^debug: registered at (.*):\d+$", re.M)
 _SCHEMA = re.compile(r"^schema: (.*)$", re.M)
@@ -95,13 +98,12 @@ def custom_ops_key() -> list[Any]:
     from torch._library.simple_registry import singleton
 
     parts: list[Any] = []
-    for qualname, opdef in sorted(OPDEFS.items()):
-        # torch's own (some are registered lazily, when a feature is first imported: keyed,
-        # they would make keys differ between processes): covered by torch's version.
-        # Skipped before their functions are sorted (about a hundred of them: the sorts
-        # by repr cost the first key of a process milliseconds)
-        if _torch_namespace(qualname):
-            continue
+    # torch's own (some are registered lazily, when a feature is first imported: keyed,
+    # they would make keys differ between processes): covered by torch's version.
+    # Skipped before anything is sorted (about a hundred of them: the sorts by repr cost
+    # the first key of a process milliseconds)
+    for qualname in sorted(q for q in OPDEFS if not _torch_namespace(q)):
+        opdef = OPDEFS[qualname]
         fns = (
             opdef._init_fn, opdef._abstract_fn, opdef._setup_context_fn, opdef._backward_fn,
             opdef._vmap_fn, *(f for _, f in sorted(opdef._backend_fns.items(), key=repr)),
@@ -167,7 +169,7 @@ def _user_code(f: Any, depth: int = 0) -> bool:
 
 
 def _torch_namespace(qualname: str) -> bool:
-    return qualname.split("::", 1)[0] in _TORCH_NAMESPACES
+    return qualname.startswith(_TORCH_QUALIFIED) or qualname in _TORCH_NAMESPACES
 
 
 def _cell(c: Any) -> Any:
