@@ -58,6 +58,7 @@ from aotkit_schemas import RUNTIME_MUTATED_INPUT_KEY, is_sym_node, mark_cache_ke
 from ._cost import SYMINT_BYTES, node_bytes
 from ._cse import cse_graph, duplicates
 from ._extract import PartitionError, build_modules
+from ._far_apart import FAR_APART, far_apart_readers
 from ._flow import Unbounded, source_side
 from ._joint import JointInfo, analyze_joint, ancestors, is_tuple_node, nodes_of
 from ._ops import (
@@ -118,7 +119,11 @@ def build_problem(
     *,
     functional_rng: bool = False,
     ban_materialized: bool = True,
+    ban_far_apart: bool | None = None,
 ) -> CutProblem:
+    """The cut's candidates and costs. ``ban_far_apart`` applies Note [Values read far
+    apart] (None reads ``torch._functorch.config.ban_recompute_used_far_apart``, True by
+    default)."""
     closure = info.tangent_closure
     live_bw = info.bw_required
     bw_outputs = set(nodes_of(info.bwd_outputs))
@@ -136,6 +141,7 @@ def build_problem(
     banned: dict[torch.fx.Node, str] = {}
     nbytes: dict[torch.fx.Node, int | None] = {}
     rng_state: dict[torch.fx.Node, int] = {}
+    far = far_apart_readers(info) if _ban_far_apart(ban_far_apart) else set()
     for n in candidates:
         if n.op == "placeholder":
             banned[n] = "graph input"
@@ -152,6 +158,8 @@ def build_problem(
                 and materialized_in_backward(n, info.fw_required)
             ):
                 reason = "materialized in the backward"  # See Note [Values the backward must materialize]
+            if reason is None and n in far:
+                reason = FAR_APART  # See Note [Values read far apart]
             if reason is not None:
                 banned[n] = reason
         if is_sym_node(n):
@@ -431,6 +439,14 @@ def _ban_materialized(value: bool | None) -> bool:
     import torch._functorch.config as functorch_config
 
     return bool(getattr(functorch_config, "ban_recompute_materialized_backward", True))
+
+
+def _ban_far_apart(value: bool | None) -> bool:
+    if value is not None:
+        return value
+    import torch._functorch.config as functorch_config
+
+    return bool(getattr(functorch_config, "ban_recompute_used_far_apart", True))
 
 
 def min_cut_rematerialization_partition(
