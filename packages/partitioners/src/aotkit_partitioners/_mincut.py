@@ -458,6 +458,7 @@ def min_cut_rematerialization_partition(
     static_lifetime_input_indices: Sequence[int] | None = None,
     functionalize_rng: bool | None = None,
     ban_recompute_materialized_backward: bool | None = None,
+    ban_recompute_used_far_apart: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """Split ``joint_module`` saving as few bytes as possible for the backward.
@@ -473,6 +474,9 @@ def min_cut_rematerialization_partition(
     materialize]. ``ban_recompute_materialized_backward=False`` lifts that rule; None reads
     torch's ``torch._functorch.config.ban_recompute_materialized_backward`` (True by
     default).
+    Nor does it recompute a forward value's readers that come after a kernel boundary (See
+    Note [Values read far apart]); ``ban_recompute_used_far_apart=False`` lifts that rule,
+    None reads ``torch._functorch.config.ban_recompute_used_far_apart`` (True by default).
     ``joint_module`` is not modified; ``joint_inputs``, ``compiler`` and other keyword
     arguments are accepted for compatibility with torch's signature and ignored.
     """
@@ -483,6 +487,7 @@ def min_cut_rematerialization_partition(
         static_lifetime_input_indices,
         functional_rng=functional_rng(functionalize_rng),
         ban_materialized=_ban_materialized(ban_recompute_materialized_backward),
+        ban_far_apart=ban_recompute_used_far_apart,
     )
     saved = solve(problem)
     fw, bw = partition_with_saved(info, problem, saved, static_lifetime_input_indices)
