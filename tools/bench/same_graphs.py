@@ -17,6 +17,8 @@ Variants:
             [Min-cut without networkx] in aotkit_partitioners
   copy      the partitioner's node copies through ``Graph.node_copy`` (Note [Copying
             joint nodes] in aotkit_partitioners)
+  farapart  min-cut without Note [Values read far apart] in aotkit_partitioners (the graphs
+            are expected to differ where the rule changes the cut: this lists where it does)
   direct    the backward ops' fake kernels through FakeTensorMode's own route, as before
             Note [Decompositions run directly on meta] in aotkit_capture
   bn        only the forward's batch norm through FakeTensorMode's own route, as before
@@ -131,6 +133,10 @@ def variant(name: str) -> Iterator[None]:
 
         patches.append((ex, "copy_node", node_copy))
         patches.append((cse, "copy_node", node_copy))
+    elif name == "farapart":
+        import torch._functorch.config as functorch_config
+
+        patches.append((functorch_config, "ban_recompute_used_far_apart", False))
     elif name == "direct":
         import aotkit_capture._single_pass as sp
         import aotkit_capture._trace as tr
@@ -215,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument(
-        "--variant", required=True, choices=("flags", "fold", "flow", "copy", "direct", "bn")
+        "--variant", required=True,
+        choices=("flags", "fold", "flow", "copy", "direct", "bn", "farapart"),
     )
     ap.add_argument("--models", default=",".join(zoo.DEFAULT_SET))
     args = ap.parse_args(argv)

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import torch
+import torch._functorch.config as functorch_config
 import torch.nn.functional as F
 from aotkit_partitioners import (
     cse,
@@ -14,6 +15,7 @@ from aotkit_partitioners import (
     partition_report,
 )
 from aotkit_partitioners._corpus import traced_case
+from aotkit_partitioners._far_apart import FAR_APART
 from aotkit_partitioners._mincut import build_problem, prepare_joint
 from aotkit_partitioners._tracing import make_joint, run_joint, run_partition
 from torch._functorch.partitioners import (
@@ -209,7 +211,9 @@ def test_attention_with_dropout_is_banned_as_compute_intensive() -> None:
     assert ban_reason(dropout, False, functional_rng=True) is None
 
 
-def _gelu_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+def _gelu_mlp(
+    x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor
+) -> torch.Tensor:
     return F.linear(F.gelu(F.linear(x, w1, b1)), w2)
 
 
@@ -260,3 +264,80 @@ def test_backward_only_values_are_recomputed_from_the_forward_value_as_torch() -
     assert _op_counts(fw) == _op_counts(tfw)
     assert _op_counts(bw) == _op_counts(tbw)
     assert partition_report(fw, bw, n).saved_bytes == partition_report(tfw, tbw, n).saved_bytes
+
+
+def _read_far_apart(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    a = x.sin()  # read by ``cos`` (before the matmul) and by the ``add`` after it
+    c = a + torch.mm(a.cos(), w)
+    return c * c
+
+
+@pytest.mark.parametrize("far", [False, True])
+def test_does_not_recompute_readers_after_a_kernel_boundary(
+    capture_aot_joint: Any, far: bool
+) -> None:
+    # See Note [Values read far apart]: ``add`` reads ``sin`` after the ``mm`` boundary. By
+    # bytes alone the cut saves the matmul's output (written by the forward anyway) and
+    # recomputes ``add = sin(x) + mm`` in the backward; with the rule ``add`` is saved.
+    joint, joint_inputs, n = capture_aot_joint(
+        _read_far_apart,
+        torch.randn(4, 8, requires_grad=True),
+        torch.randn(8, 8, requires_grad=True),
+    )
+    info = prepare_joint(joint, n)
+    problem = build_problem(info, ban_far_apart=far)
+    far_banned = {k.name for k, v in problem.banned.items() if v == FAR_APART}
+    assert far_banned == ({"add"} if far else set())
+    fw, bw = min_cut_rematerialization_partition(
+        joint, joint_inputs, num_fwd_outputs=n, ban_recompute_used_far_apart=far
+    )
+    report = partition_report(fw, bw, n, joint=joint)
+    want = ["primals_1", "add" if far else "mm", "t", "t_1"]
+    assert [name for name, _ in report.saved_tensors] == want
+    assert report.saved_bytes == 640
+    assert ("add" in report.recomputed_node_names) is not far
+    # torch's min-cut makes the same choice with its rule on and off
+    with functorch_config.patch(ban_recompute_used_far_apart=far):
+        tfw, tbw = torch_min_cut(copy.deepcopy(joint), joint_inputs, num_fwd_outputs=n)
+    theirs = partition_report(tfw, tbw, n, joint=joint)
+    assert [name for name, _ in theirs.saved_tensors] == want
+    # the pair still computes the joint's outputs and gradients
+    args = [torch.randn(4, 8), torch.randn(8, 8), torch.randn(4, 8)]
+    want_out = torch.utils._pytree.tree_leaves(joint(args[:2], args[2:]))
+    torch.testing.assert_close(run_partition(fw, bw, n, args, 2), want_out)
+
+
+def test_far_apart_rule_on_a_residual_stream(capture_aot_joint: Any) -> None:
+    # three residual blocks with a hand-written LayerNorm: the rule bans the residual sums
+    # read after the next block's matmul (the last one is a forward output, never cut)
+    def ln(x: torch.Tensor) -> torch.Tensor:
+        d = x - x.mean(-1, keepdim=True)
+        return d * torch.rsqrt((d * d).mean(-1, keepdim=True) + 1e-5)
+
+    def f(x: torch.Tensor, *ws: torch.Tensor) -> torch.Tensor:
+        x = x.sin()
+        for w in ws:
+            x = x + torch.mm(ln(x), w)
+        return x
+
+    ws = [torch.randn(8, 8, requires_grad=True) for _ in range(3)]
+    joint, joint_inputs, n = capture_aot_joint(f, torch.randn(4, 8, requires_grad=True), *ws)
+    info = prepare_joint(joint, n)
+    banned = build_problem(info, ban_far_apart=True).banned
+    assert sorted(k.name for k, v in banned.items() if v == FAR_APART) == ["add_1", "add_3"]
+    saved = {}
+    for far in (False, True):
+        fw, bw = min_cut_rematerialization_partition(
+            joint, joint_inputs, num_fwd_outputs=n, ban_recompute_used_far_apart=far
+        )
+        saved[far] = [name for name, _ in partition_report(fw, bw, n).saved_tensors]
+    # without the rule the matmul outputs are saved and the residual sums recomputed; with
+    # it each LayerNorm's centred input is saved instead (as torch does)
+    assert saved[False] == [
+        "primals_1", "mean", "rsqrt", "mm", "mean_2", "rsqrt_1", "mm_1", "mean_4", "rsqrt_2",
+        "t", "t_1", "t_2", "t_3", "t_4", "t_5",
+    ]  # fmt: skip
+    assert saved[True] == [
+        "primals_1", "mean", "rsqrt", "sub_1", "rsqrt_1", "sub_2", "rsqrt_2",
+        "t", "t_1", "t_2", "t_3", "t_4", "t_5",
+    ]  # fmt: skip

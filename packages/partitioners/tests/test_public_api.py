@@ -51,6 +51,7 @@ def test_partitioner_signatures() -> None:
         ("static_lifetime_input_indices", P.KEYWORD_ONLY),
         ("functionalize_rng", P.KEYWORD_ONLY),
         ("ban_recompute_materialized_backward", P.KEYWORD_ONLY),
+        ("ban_recompute_used_far_apart", P.KEYWORD_ONLY),
         ("kwargs", P.VAR_KEYWORD),
     ]
     assert _sig(aotkit_partitioners.memory_budget_partition) == [

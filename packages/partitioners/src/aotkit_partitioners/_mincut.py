@@ -58,6 +58,7 @@ from aotkit_schemas import RUNTIME_MUTATED_INPUT_KEY, is_sym_node, mark_cache_ke
 from ._cost import SYMINT_BYTES, node_bytes
 from ._cse import cse_graph, duplicates
 from ._extract import PartitionError, build_modules
+from ._far_apart import FAR_APART, far_apart_readers
 from ._flow import Unbounded, source_side
 from ._joint import JointInfo, analyze_joint, ancestors, is_tuple_node, nodes_of
 from ._ops import (
@@ -118,7 +119,11 @@ def build_problem(
     *,
     functional_rng: bool = False,
     ban_materialized: bool = True,
+    ban_far_apart: bool | None = None,
 ) -> CutProblem:
+    """The cut's candidates and costs. ``ban_far_apart`` applies Note [Values read far
+    apart] (None reads ``torch._functorch.config.ban_recompute_used_far_apart``, True by
+    default)."""
     closure = info.tangent_closure
     live_bw = info.bw_required
     bw_outputs = set(nodes_of(info.bwd_outputs))
@@ -136,6 +141,7 @@ def build_problem(
     banned: dict[torch.fx.Node, str] = {}
     nbytes: dict[torch.fx.Node, int | None] = {}
     rng_state: dict[torch.fx.Node, int] = {}
+    far = far_apart_readers(info) if _ban_far_apart(ban_far_apart) else set()
     for n in candidates:
         if n.op == "placeholder":
             banned[n] = "graph input"
@@ -152,6 +158,8 @@ def build_problem(
                 and materialized_in_backward(n, info.fw_required)
             ):
                 reason = "materialized in the backward"  # See Note [Values the backward must materialize]
+            if reason is None and n in far:
+                reason = FAR_APART  # See Note [Values read far apart]
             if reason is not None:
                 banned[n] = reason
         if is_sym_node(n):
@@ -433,6 +441,14 @@ def _ban_materialized(value: bool | None) -> bool:
     return bool(getattr(functorch_config, "ban_recompute_materialized_backward", True))
 
 
+def _ban_far_apart(value: bool | None) -> bool:
+    if value is not None:
+        return value
+    import torch._functorch.config as functorch_config
+
+    return bool(getattr(functorch_config, "ban_recompute_used_far_apart", True))
+
+
 def min_cut_rematerialization_partition(
     joint_module: torch.fx.GraphModule,
     joint_inputs: Any,
@@ -442,6 +458,7 @@ def min_cut_rematerialization_partition(
     static_lifetime_input_indices: Sequence[int] | None = None,
     functionalize_rng: bool | None = None,
     ban_recompute_materialized_backward: bool | None = None,
+    ban_recompute_used_far_apart: bool | None = None,
     **kwargs: Any,
 ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
     """Split ``joint_module`` saving as few bytes as possible for the backward.
@@ -457,6 +474,9 @@ def min_cut_rematerialization_partition(
     materialize]. ``ban_recompute_materialized_backward=False`` lifts that rule; None reads
     torch's ``torch._functorch.config.ban_recompute_materialized_backward`` (True by
     default).
+    Nor does it recompute a forward value's readers that come after a kernel boundary (See
+    Note [Values read far apart]); ``ban_recompute_used_far_apart=False`` lifts that rule,
+    None reads ``torch._functorch.config.ban_recompute_used_far_apart`` (True by default).
     ``joint_module`` is not modified; ``joint_inputs``, ``compiler`` and other keyword
     arguments are accepted for compatibility with torch's signature and ignored.
     """
@@ -467,6 +487,7 @@ def min_cut_rematerialization_partition(
         static_lifetime_input_indices,
         functional_rng=functional_rng(functionalize_rng),
         ban_materialized=_ban_materialized(ban_recompute_materialized_backward),
+        ban_far_apart=ban_recompute_used_far_apart,
     )
     saved = solve(problem)
     fw, bw = partition_with_saved(info, problem, saved, static_lifetime_input_indices)
