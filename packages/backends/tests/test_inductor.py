@@ -175,7 +175,10 @@ def test_the_copy_inductor_compiles_has_no_detach_nodes(
     expected = f(x, y)
     assert len(out) == len(expected)
     for got, want in zip(out, expected, strict=True):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        # float tolerances, not bitwise: Inductor's vectorized tanh may differ from ATen's
+        # by an ulp on some inputs (seen in CI: 1 of 16 elements, 1.2e-07); what this test
+        # checks is the detach handling, not the kernels' rounding
+        torch.testing.assert_close(got, want)
         assert got.stride() == want.stride()
 
 
