@@ -26,7 +26,7 @@ arguments only they take, in the entry's structured graph form.
 #     with string keys (``flex_attention``'s kernel options).
 # Reading rejects (CacheFormatError: logged, compiled again) a ``get_attr`` that names no
 # stored subgraph or a name that is not a plain identifier, a stored subgraph no node
-# reads, a subgraph that does not lint, and a HOP call whose subgraphs take another number
+# reads, a subgraph with a node that reads a value no earlier node made, and a HOP call whose subgraphs take another number
 # of inputs than the call passes (``cond``, ``invoke_subgraph``, ``while_loop``, ``map``,
 # ``scan``). A ``get_attr`` of a tensor constant is stored apart (See Note [Tensor
 # constants in the on-disk cache]); of anything else, not stored (``Uncacheable``).

@@ -102,7 +102,7 @@ def custom_ops_key() -> list[Any]:
     # they would make keys differ between processes): covered by torch's version.
     # Skipped before anything is sorted (about a hundred of them: the sorts by repr cost
     # the first key of a process milliseconds)
-    for qualname in sorted(q for q in OPDEFS if not _torch_namespace(q)):
+    for qualname in _outside_torch("opdefs", OPDEFS):
         opdef = OPDEFS[qualname]
         fns = (
             opdef._init_fn, opdef._abstract_fn, opdef._setup_context_fn, opdef._backward_fn,
@@ -117,7 +117,7 @@ def custom_ops_key() -> list[Any]:
         for f in fns:
             _kernel(fp, f)
         parts.append((qualname, fp.hexdigest()))
-    for qualname in sorted(q for q in singleton._data if not _torch_namespace(q)):
+    for qualname in _outside_torch("fakes", singleton._data):
         entry = singleton._data[qualname]
         kernels = entry.fake_impl.kernels
         funcs = (kernels[-1].func if kernels else None, *entry.torch_dispatch_rules._data.values())
@@ -129,11 +129,46 @@ def custom_ops_key() -> list[Any]:
             _kernel(fp, f)
         parts.append((qualname, fp.hexdigest()))
         parts.append(("schema", qualname, _dump(qualname)[1]))
-    for qualname, (def_site, schema, _) in sorted(_dumps.items()):
-        # operators defined outside torch (a user's file, an extension)
-        if not _torch_namespace(qualname) and not def_site.startswith(_TORCH_DIR) and not _torch_site(def_site):
-            parts.append(("schema", qualname, schema))
+    parts += _foreign_schemas()
     return parts
+
+
+# Note [Operator names outside torch, per key]
+# Every key (each warm start's first call) walks the process's few hundred registered
+# operators for the few defined outside torch's namespaces (usually none). The names that
+# pass, sorted, are kept per registry with the set of names they were picked from, and
+# picked again only when that set changed (a set comparison, no sort, no prefix test); the
+# foreign schemas are kept until ``_dump`` reads an operator again. What is keyed for each
+# name is read anew by every key, as before.
+_outside_memo: dict[str, tuple[frozenset[str], list[str]]] = {}
+_schemas_memo: list[Any] = []
+
+
+def _outside_torch(label: str, registry: Any) -> list[str]:
+    """``registry``'s names outside torch's namespaces, sorted. See Note [Operator names
+    outside torch, per key]."""
+    names = frozenset(registry)  # (the fake-kernel registry is a WeakValueDictionary)
+    memo = _outside_memo.get(label)
+    if memo is not None and names == memo[0]:
+        return memo[1]
+    picked = sorted(q for q in names if not _torch_namespace(q))
+    _outside_memo[label] = (names, picked)
+    return picked
+
+
+def _foreign_schemas() -> list[Any]:
+    """The schemas of the operators read so far that were defined outside torch (a user's
+    file, an extension), sorted by name."""
+    if not _schemas_memo:
+        _schemas_memo.append([
+            ("schema", qualname, schema)
+            for qualname, (def_site, schema, _) in sorted(_dumps.items())
+            if not _torch_namespace(qualname)
+            and not def_site.startswith(_TORCH_DIR)
+            and not _torch_site(def_site)
+        ])
+    out: list[Any] = _schemas_memo[0]
+    return out
 
 
 def _classify_new(impls: set[str]) -> None:
@@ -221,6 +256,7 @@ def _dump(qualname: str) -> tuple[str, str, dict[str, str]]:
     """The operator's definition site, schema and Python kernels' sites, read now (a
     registration made since the last read shows) and kept for the schema part."""
     text = torch._C._dispatch_dump(qualname)
+    _schemas_memo.clear()  # See Note [Operator names outside torch, per key]
     m = _DEF.search(text)
     s = _SCHEMA.search(text)
     d = _dumps[qualname] = (
