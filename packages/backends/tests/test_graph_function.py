@@ -3,6 +3,7 @@ else changes: same overloads in the same order, same outputs. See Note [Graph fu
 
 from __future__ import annotations
 
+import ast
 import math
 import operator
 import traceback
@@ -280,6 +281,33 @@ def test_nop_offers_a_stealing_entry_only_for_graph_functions() -> None:
     assert stealing_entry(nop(module_graph, [])) is None
 
 
+def _stored_locals(source: str) -> set[str]:
+    """The locals a graph function's body stores to (the unpacking of ``args`` aside)."""
+    fn = ast.parse(source).body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    out: set[str] = set()
+    for stmt in fn.body:
+        if isinstance(stmt, ast.Assign) and not (
+            isinstance(stmt.value, ast.Name) and stmt.value.id == "args"
+        ):
+            for target in stmt.targets:
+                out.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return out
+
+
+def test_a_value_made_where_another_dies_takes_its_local() -> None:
+    # See Note [Graph functions]: fewer statements for compile(), values freed as early
+    gm = make_fx(lambda x, y: [((x.sin() + y).cos() * 2).exp()])(torch.randn(3), torch.randn(3))
+    fn = graph_function(gm, steal_args=True)
+    assert fn is not None
+    source: str = fn._aotkit_source  # type: ignore[attr-defined]
+    assert "= None" in source  # y, dying beside the sin result, is dropped by name
+    assert source.count(" = None") == 1
+    assert _stored_locals(source) - {"_no_grad"} == {"_v0", "_v1"}  # x's and y's locals
+    x, y = torch.randn(3), torch.randn(3)
+    _assert_same(gm(x, y), fn([x, y]))
+
+
 def test_inputs_are_dropped_only_by_a_stealing_graph_function() -> None:
     # See Note [Graph functions]: without steal_args the caller's arguments hold every
     # input until the call returns, so the generated code does not drop their locals
@@ -289,9 +317,11 @@ def test_inputs_are_dropped_only_by_a_stealing_graph_function() -> None:
     assert plain is not None and stealing is not None
     plain_source: str = plain._aotkit_source  # type: ignore[attr-defined]
     stealing_source: str = stealing._aotkit_source  # type: ignore[attr-defined]
-    assert "_v0 = None" not in plain_source and "_v1 = None" not in plain_source
-    assert "_v2 = None" in plain_source  # the sin result is still dropped after the mul
-    assert "_v0 = None" in stealing_source and "_v1 = None" in stealing_source
+    # the inputs' locals are _v0 and _v1; a local is dropped by ``= None`` or by storing
+    # the value made at its last use into it
+    assert _stored_locals(plain_source) == {"_v2"}  # the sin result's, reused
+    assert {"_v0", "_v1"} <= _stored_locals(stealing_source)
+    assert "_v2 = _f1(_v0)" in plain_source and "_v2 = _f2(_v2, _v1)" in plain_source
     a, b = torch.randn(3), torch.randn(3)
     _assert_same(gm(a, b), plain(a, b))
     _assert_same(gm(a, b), stealing([a, b]))

@@ -21,7 +21,12 @@
 #     the graph calls it;
 #   * a value is dropped after its last use, as FX's code does, so memory is freed as early
 #     (an input only with ``steal_args``: otherwise the caller's arguments hold every
-#     input until the call returns, and dropping the local frees nothing);
+#     input until the call returns, and dropping the local frees nothing). The op whose
+#     call is that last use stores its result in the dying value's local (``_v3 =
+#     f(_v3, _v5); _v5 = None``): the store drops the old value right after the call, as
+#     ``= None`` would, with one statement less. ``compile()`` is most of the cost of
+#     making a graph function, and it grows with the statements (a warm start from the
+#     on-disk cache pays it on every graph);
 #   * with grad mode off, an addition that may write into its first operand does (See
 #     Note [In-place accumulation in graph functions]); that is the one change of op.
 # Graphs with features the generator does not handle (``call_module``/``call_method`` nodes,
@@ -229,7 +234,12 @@ def graph_function(
     reuses = False
     try:
         for i, node in enumerate(nodes):
-            name = emit.names[node] = f"_v{i}"
+            dead = [
+                emit.names[v] for v in freed_after.get(node, ())
+                if steal_args or v.op != "placeholder"
+            ]
+            # See Note [Graph functions]: a value made where another dies takes its local
+            name = dead.pop(0) if dead and node.op == "call_function" else f"_v{i}"
             if node.op == "placeholder":
                 if node.args or str(node.target).startswith("*"):
                     return None
@@ -251,10 +261,7 @@ def graph_function(
                 break
             else:
                 return None
-            dead = [
-                emit.names[v] for v in freed_after.get(node, ())
-                if steal_args or v.op != "placeholder"
-            ]
+            emit.names[node] = name  # after its own line: its arguments keep their names
             if dead:
                 body[-1] += "; " + " = ".join(dead) + " = None"
     except _Unsupported:
