@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +293,39 @@ def test_graph_json_round_trip_and_unknown_targets() -> None:
     x = torch.randn(2, 3)
     torch.testing.assert_close(back(x), gm(x), rtol=0, atol=0)
     data["nodes"][1]["target"] = "py:builtins.eval"
+    with pytest.raises(CacheFormatError):
+        graph_from_json(data, FakeTensorMode())
+
+
+def _last_call_first(d: dict[str, Any]) -> None:
+    # the last call (``+ 1``) reads the one before it (``relu``): swapped, it reads it early
+    nodes = d["nodes"]
+    assert nodes[-1]["op"] == "output" and nodes[-2]["args"]["t"][0] == {"n": nodes[-3]["name"]}
+    nodes[-3], nodes[-2] = nodes[-2], nodes[-3]
+
+
+# what ``graph.lint()`` checked, now held by construction in graph_from_json: each form is
+# rejected (CacheFormatError: the entry is compiled again), never rebuilt into a graph
+_MALFORMED_GRAPHS: dict[str, Callable[[dict[str, Any]], Any]] = {
+    "nodes reversed": lambda d: d["nodes"].reverse(),
+    "a node read before it is made": _last_call_first,
+    "a repeated node name": lambda d: d["nodes"][2].__setitem__("name", d["nodes"][1]["name"]),
+    "a name that is not an identifier": lambda d: d["nodes"][1].__setitem__("name", "a b"),
+    "an unknown node op": lambda d: d["nodes"][1].__setitem__("op", "call_module"),
+    "an argument naming no node": lambda d: d["nodes"][-1].__setitem__("args", {"t": [{"n": "nowhere"}]}),
+}
+
+
+@pytest.mark.parametrize("corrupt", list(_MALFORMED_GRAPHS), ids=list(_MALFORMED_GRAPHS))
+def test_graph_json_rejects_malformed_graphs(corrupt: str) -> None:
+    import aotkit
+
+    g = aotkit.aot_function(lambda x: (x.sin() * x.cos()).relu() + 1, aotkit.nop)
+    g(torch.randn(2, 3))
+    gm = g._aotkit_cache.artifacts[0].inference_module
+    data = json.loads(json.dumps(graph_to_json(gm)))
+    graph_from_json(json.loads(json.dumps(data)), FakeTensorMode())  # intact: rebuilds
+    _MALFORMED_GRAPHS[corrupt](data)
     with pytest.raises(CacheFormatError):
         graph_from_json(data, FakeTensorMode())
 
