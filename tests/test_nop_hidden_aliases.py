@@ -150,7 +150,7 @@ def test_run_time_check_catches_an_alias_the_schemas_hide(fn, shapes, monkeypatc
     expected = gm(*[a.clone() for a in args])
     gf = graph_function(gm)
     assert gf is not None
-    assert "_sole_owner(" in gf._aotkit_source  # type: ignore[attr-defined]
+    assert "_add_reusing(" in gf._aotkit_source  # type: ignore[attr-defined]
     before = [a.clone() for a in args]
     with torch.no_grad():
         got = gf(*args)
@@ -160,10 +160,13 @@ def test_run_time_check_catches_an_alias_the_schemas_hide(fn, shapes, monkeypatc
         assert torch.equal(e, g)
 
 
-def test_a_fresh_sole_tensor_is_still_added_in_place(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("alpha", [None, 2])
+def test_a_fresh_sole_tensor_is_still_added_in_place(monkeypatch, alpha) -> None:  # type: ignore[no-untyped-def]
     # the check does not turn the optimisation off: a graph-allocated value nobody else
-    # holds is still added into in place, and a view of a fresh value is not
-    from aotkit_backends import _fast_graph
+    # holds is still added into in place, and a view of a fresh value is not. A plain
+    # ``add(a, b)`` picks through ``add_reusing``, one with ``alpha=`` through a
+    # conditional expression (See Note [In-place accumulation in graph functions])
+    from aotkit_backends import _buffer_reuse, _fast_graph
     from aotkit_backends._buffer_reuse import sole_owner
 
     calls: list[int] = []
@@ -174,16 +177,25 @@ def test_a_fresh_sole_tensor_is_still_added_in_place(monkeypatch) -> None:  # ty
         return real_add_(self, *a, **k)
 
     monkeypatch.setattr(_fast_graph, "_ADD_IN_PLACE", spy)
+    monkeypatch.setattr(_buffer_reuse, "_ADD_IN_PLACE", spy)
+    kwargs = {} if alpha is None else {"alpha": alpha}
 
     def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten.add(torch.ops.aten.mul(x, 2), y)
+        return torch.ops.aten.add(torch.ops.aten.mul(x, 2), y, **kwargs)
 
     x, y = torch.randn(4), torch.randn(4)
     gf = graph_function(make_fx(f)(x, y))
-    assert gf is not None and "_sole_owner(" in gf._aotkit_source  # type: ignore[attr-defined]
+    assert gf is not None
+    source = gf._aotkit_source  # type: ignore[attr-defined]
+    assert ("_add_reusing(" in source) == (alpha is None)
+    assert ("_sole_owner(" in source) == (alpha is not None)
     with torch.no_grad():
         out = gf(x, y)
-    assert torch.equal(out, x * 2 + y)
+    assert torch.equal(out, x * 2 + y * (alpha or 1))
+    assert calls == [1]
+    # with grad mode on the line adds out of place
+    out = gf(x, y)
+    assert torch.equal(out, x * 2 + y * (alpha or 1))
     assert calls == [1]
     assert sole_owner(torch.randn(3))
     base = torch.randn(3)

@@ -20,7 +20,12 @@
 # with a mutable op, or with a call whose aliasing is unknown (a higher-order op, a
 # torch-level call, ``operator.iadd`` on tensors), are left alone. The generated function
 # reads grad mode once on entry and each such line picks ``add_`` or ``add``: with grad
-# mode on the graph runs unchanged, since autograd may have saved ``a``.
+# mode on the graph runs unchanged, since autograd may have saved ``a``. A line of a plain
+# ``add(a, b)`` makes that pick in one call, ``add_reusing(add, a, b, no_grad)``: a
+# conditional expression per line made ``compile()`` of the generated source about 20%
+# slower (compare.py's pointwise forward: 24 such lines of 147), and a warm start from
+# the on-disk cache pays ``compile()`` for every graph. Lines with other arguments
+# (``alpha=``) keep the conditional expression.
 #
 # Schemas do not tell every alias: ``aten._unsafe_view`` (what ``matmul`` on a 3-d input
 # returns, so every ``nn.Linear`` of a transformer) returns a view of its input with a
@@ -46,12 +51,14 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 import torch.fx
 from aotkit_schemas import aliases_despite_schema, dense_and_non_overlapping, static_value_spec
 
 _ADD = torch.ops.aten.add.Tensor
+_ADD_IN_PLACE = torch._C.TensorBase.add_
 _SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
@@ -72,6 +79,15 @@ def sole_owner(t: torch.Tensor) -> bool:
     """Whether no other tensor shares ``t``'s storage right now. See Note [In-place
     accumulation in graph functions]."""
     return type(t) is torch.Tensor and _storage_use_count(t) == _SOLE_USE_COUNT
+
+
+def add_reusing(plain: Any, a: Any, b: Any, no_grad: bool) -> Any:
+    """``a.add_(b)`` when grad mode is off and ``a`` owns its storage alone, else
+    ``plain(a, b)`` (the call the graph makes). See Note [In-place accumulation in graph
+    functions]."""
+    if no_grad and type(a) is torch.Tensor and _storage_use_count(a) == _SOLE_USE_COUNT:
+        return _ADD_IN_PLACE(a, b)
+    return plain(a, b)
 
 
 def _schema_facts(op: torch._ops.OpOverload) -> tuple[bool, bool]:

@@ -45,7 +45,7 @@ import torch
 import torch.fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
-from ._buffer_reuse import in_place_adds, sole_owner
+from ._buffer_reuse import add_reusing, in_place_adds, sole_owner
 
 # Overloads whose Python binding dispatches to exactly that overload
 # (See Note [Graph functions]). Grouped by where the binding lives.
@@ -251,10 +251,16 @@ def graph_function(
             elif node.op == "call_function":
                 body.append(f"{name} = {emit.call(node)}")
                 if node in in_place:
-                    body[-1] = (
-                        f"{name} = {emit.call(node, _ADD_IN_PLACE)} if _no_grad and "
-                        f"_sole_owner({emit.arg(node.args[0])}) else {emit.call(node)}"
-                    )
+                    # See Note [In-place accumulation in graph functions]
+                    if len(node.args) == 2 and not node.kwargs:
+                        args = ", ".join(emit.arg(a) for a in node.args)
+                        plain = emit.callee(_callee(node))
+                        body[-1] = f"{name} = _add_reusing({plain}, {args}, _no_grad)"
+                    else:
+                        body[-1] = (
+                            f"{name} = {emit.call(node, _ADD_IN_PLACE)} if _no_grad and "
+                            f"_sole_owner({emit.arg(node.args[0])}) else {emit.call(node)}"
+                        )
                     reuses = True
             elif node.op == "output":
                 body.append(f"return {emit.arg(node.args[0])}")
@@ -270,6 +276,7 @@ def graph_function(
     if reuses:
         emit.globals["_grad_enabled"] = torch.is_grad_enabled
         emit.globals["_sole_owner"] = sole_owner
+        emit.globals["_add_reusing"] = add_reusing
         body.insert(0, "_no_grad = not _grad_enabled()")
     if steal_args:
         unpack = f"{', '.join(params)}, = args; " if params else ""
