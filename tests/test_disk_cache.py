@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import torch
 from aotkit_capture import ambient_state_key, program_fingerprint
-from aotkit_capture._disk_cache import graph_from_json, graph_to_json
+from aotkit_capture._disk_cache import entry_bytes, graph_from_json, graph_to_json, split_entry
 from aotkit_capture._disk_cache_key import entry_key
 from aotkit_schemas import CacheFormatError, meta_from_json, meta_to_json
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -79,47 +79,59 @@ def _truncate(p: Path) -> None:
 
 def _bit_flip(p: Path) -> None:
     data = bytearray(p.read_bytes())
-    i = data.index(b'"payload"') + 200
+    i = data.index(b"\n") + 200  # inside the payload
     data[i] ^= 0x04
     p.write_bytes(bytes(data))
 
 
+def _rewrite_entry(p: Path, header: Callable[[dict[str, Any]], None] = lambda h: None,
+                   payload: Callable[[str], str] = lambda t: t) -> None:
+    """Rewrite an entry file with a changed header or payload, checksum recomputed."""
+    doc, body = split_entry(p.read_bytes())
+    header(doc)
+    text = payload(body.decode())
+    p.write_bytes(entry_bytes(doc, text))
+
+
 def _version_change(p: Path) -> None:
-    doc = json.loads(p.read_text())
-    doc["torch"] = "1.0.0"
-    p.write_text(json.dumps(doc))
+    _rewrite_entry(p, header=lambda h: h.update(torch="1.0.0"))
 
 
 def _format_change(p: Path) -> None:
-    doc = json.loads(p.read_text())
-    doc["format"] = 999
+    _rewrite_entry(p, header=lambda h: h.update(format=999))
+
+
+def _format_2_file(p: Path) -> None:
+    # an entry as format 2 wrote it (one JSON object holding the payload as a string)
+    doc, body = split_entry(p.read_bytes())
+    doc["payload"] = body.decode()
     p.write_text(json.dumps(doc))
 
 
 def _tamper_with_checksum(p: Path) -> None:
     # a payload that checks out by hash but names an operator that does not exist
-    doc = json.loads(p.read_text())
-    text = doc["payload"].replace("op:aten::mm.default", "op:aten::no_such_op.default")
-    text = text.replace("op:aten::addmm.default", "op:aten::no_such_op.default")
-    assert text != doc["payload"]
-    doc["payload"] = text
-    doc["sha256"] = hashlib.sha256(text.encode()).hexdigest()
-    p.write_text(json.dumps(doc))
+    def change(text: str) -> str:
+        new = text.replace("op:aten::mm.default", "op:aten::no_such_op.default")
+        new = new.replace("op:aten::addmm.default", "op:aten::no_such_op.default")
+        assert new != text
+        return new
+
+    _rewrite_entry(p, payload=change)
 
 
 def _tamper_with_inputs(p: Path) -> None:
     # a payload that checks out by hash but whose graph takes inputs of another shape
-    doc = json.loads(p.read_text())
-    text = doc["payload"].replace('"shape":[5,8]', '"shape":[6,8]')
-    assert text != doc["payload"]
-    doc["payload"] = text
-    doc["sha256"] = hashlib.sha256(text.encode()).hexdigest()
-    p.write_text(json.dumps(doc))
+    def change(text: str) -> str:
+        new = text.replace('"shape":[5,8]', '"shape":[6,8]')
+        assert new != text
+        return new
+
+    _rewrite_entry(p, payload=change)
 
 
 DAMAGES = [
-    _corrupt, _truncate, _bit_flip, _version_change, _format_change, _tamper_with_checksum,
-    _tamper_with_inputs,
+    _corrupt, _truncate, _bit_flip, _version_change, _format_change, _format_2_file,
+    _tamper_with_checksum, _tamper_with_inputs,
 ]
 
 
@@ -219,8 +231,9 @@ def test_two_processes_compiling_at_once_leave_valid_entries(runs: Runs) -> None
     for r in results:
         assert r["counters"].get("store", 0) + r["counters"].get("hit", 0) == len(entries) >= 1
     for p in entries:  # each a complete, checksummed document
-        doc = json.loads(p.read_text())
-        assert hashlib.sha256(doc["payload"].encode()).hexdigest() == doc["sha256"]
+        doc, body = split_entry(p.read_bytes())
+        assert hashlib.sha256(body).hexdigest() == doc["sha256"]
+        json.loads(body)
     warm = runs.shared_warm
     assert "trace" not in warm["counters"] and "reject" not in warm["counters"]
     _same(results[0], warm)

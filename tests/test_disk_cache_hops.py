@@ -6,7 +6,6 @@ See Note [Higher-order operators in the on-disk cache]."""
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import shutil
@@ -20,7 +19,7 @@ import pytest
 import torch
 from aotkit_backends import nop
 from aotkit_capture import record_compilations
-from aotkit_capture._disk_cache import graph_from_json, graph_to_json
+from aotkit_capture._disk_cache import entry_bytes, graph_from_json, graph_to_json, split_entry
 from aotkit_capture._disk_cache_key import Uncacheable
 from aotkit_frontends import aot_function
 from aotkit_schemas import CacheFormatError
@@ -101,12 +100,10 @@ def test_cold_then_warm_with_aotkit_inductor(tmp_path: Path) -> None:
 
 
 def _rewrite(p: Path, change: Callable[[dict[str, Any]], None]) -> None:
-    doc = json.loads(p.read_text())
-    payload = json.loads(doc["payload"])
+    doc, body = split_entry(p.read_bytes())
+    payload = json.loads(body)
     change(payload)
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    doc["payload"], doc["sha256"] = text, hashlib.sha256(text.encode()).hexdigest()
-    p.write_text(json.dumps(doc))
+    p.write_bytes(entry_bytes(doc, json.dumps(payload, sort_keys=True, separators=(",", ":"))))
 
 
 def _swap_branches(payload: dict[str, Any]) -> None:

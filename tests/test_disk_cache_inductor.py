@@ -6,7 +6,6 @@ aotkit_backends."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 import torch
 from aotkit_backends import inductor_available, inductor_unavailable_reason
+from aotkit_capture._disk_cache import entry_bytes, split_entry
 
 pytestmark = pytest.mark.skipif(
     not inductor_available(), reason=str(inductor_unavailable_reason())
@@ -53,17 +53,15 @@ def _entries(root: Path) -> list[Path]:
 
 
 def _payload(p: Path) -> dict[str, Any]:
-    payload: dict[str, Any] = json.loads(json.loads(p.read_text())["payload"])
+    payload: dict[str, Any] = json.loads(split_entry(p.read_bytes())[1])
     return payload
 
 
 def _rewrite_keys(p: Path, change: Any) -> None:
-    doc = json.loads(p.read_text())
-    payload = json.loads(doc["payload"])
+    doc, body = split_entry(p.read_bytes())
+    payload = json.loads(body)
     payload["artifact_keys"] = {r: change(k) for r, k in payload["artifact_keys"].items()}
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    doc["payload"], doc["sha256"] = text, hashlib.sha256(text.encode()).hexdigest()
-    p.write_text(json.dumps(doc))
+    p.write_bytes(entry_bytes(doc, json.dumps(payload, sort_keys=True, separators=(",", ":"))))
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> None:
