@@ -342,3 +342,24 @@ def test_a_value_that_is_not_a_table_index_rejects_the_graph(bad: Any) -> None:
     node["val"] = bad
     with pytest.raises(CacheFormatError):
         graph_from_json(data, FakeTensorMode())
+
+
+def test_in_place_adds_on_a_multi_output_op_build_no_value() -> None:
+    # a getitem of an op returning several fresh tensors is fresh memory: nop's
+    # in-place-addition analysis reads that off the schema, so a restored graph's
+    # multi-output value (a list of fakes) is not built for it
+    from aotkit_backends._buffer_reuse import in_place_adds
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.aten.native_layer_norm.default(x, [4], None, None, 1e-5)[0]
+        return torch.ops.aten.add.Tensor(out, y)
+
+    gm = make_fx(f)(torch.randn(3, 4), torch.randn(3, 4))
+    traced = {n.name for n in in_place_adds(list(gm.graph.nodes))}
+    assert traced == {"add"}
+    back = graph_from_json(json.loads(json.dumps(graph_to_json(gm))), FakeTensorMode())
+    assert {n.name for n in in_place_adds(list(back.graph.nodes))} == traced
+    lazy = [n for n in back.graph.nodes if isinstance(n.meta, LazyValueMeta)]
+    assert any(n.name == "native_layer_norm" for n in lazy)
+    assert not any(n.meta.is_built for n in lazy)

@@ -62,9 +62,10 @@ _ADD_IN_PLACE = torch._C.TensorBase.add_
 _SCALARS = (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)
 
 
-# per overload: (its schema is mutable, one of its returns aliases an input); reading a
-# schema builds Python objects for all its arguments, and a graph calls few distinct ops
-_SCHEMA_FACTS: dict[torch._ops.OpOverload, tuple[bool, bool]] = {}
+# per overload: (its schema is mutable, one of its returns aliases an input, it returns
+# several tensors); reading a schema builds Python objects for all its arguments, and a
+# graph calls few distinct ops
+_SCHEMA_FACTS: dict[torch._ops.OpOverload, tuple[bool, bool, bool]] = {}
 
 def _storage_use_count(t: torch.Tensor) -> int:
     return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
@@ -90,14 +91,15 @@ def add_reusing(plain: Any, a: Any, b: Any, no_grad: bool) -> Any:
     return plain(a, b)
 
 
-def _schema_facts(op: torch._ops.OpOverload) -> tuple[bool, bool]:
+def _schema_facts(op: torch._ops.OpOverload) -> tuple[bool, bool, bool]:
     facts = _SCHEMA_FACTS.get(op)
     if facts is None:
         schema = op._schema
+        returns = schema.returns
         facts = _SCHEMA_FACTS[op] = (
             schema.is_mutable,
-            aliases_despite_schema(op)
-            or any(r.alias_info is not None for r in schema.returns),
+            aliases_despite_schema(op) or any(r.alias_info is not None for r in returns),
+            len(returns) != 1 or isinstance(returns[0].type, torch.ListType),
         )
     return facts
 
@@ -118,7 +120,7 @@ def in_place_adds(nodes: Sequence[torch.fx.Node]) -> set[torch.fx.Node]:
             continue
         target = node.target
         if isinstance(target, torch._ops.OpOverload):
-            mutable, returns_alias = _schema_facts(target)
+            mutable, returns_alias, _ = _schema_facts(target)
             if mutable:
                 return set()
             if not returns_alias:
@@ -129,8 +131,11 @@ def in_place_adds(nodes: Sequence[torch.fx.Node]) -> set[torch.fx.Node]:
                 return set()  # an alias of something we cannot name
         elif target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
             producer = node.args[0]
-            if producer in fresh and not isinstance(producer.meta.get("val"), torch.Tensor):
-                fresh.add(node)  # one fresh tensor of a multi-output op
+            # one fresh tensor of a multi-output op; read off the schema, not the value
+            # (a graph restored from the on-disk cache builds a value at its first read)
+            target = producer.target
+            if producer in fresh and isinstance(target, torch._ops.OpOverload) and _schema_facts(target)[2]:
+                fresh.add(node)
             else:
                 root[node] = root[producer]
         elif not isinstance(node.meta.get("val"), _SCALARS):
