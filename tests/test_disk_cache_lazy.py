@@ -80,8 +80,8 @@ def test_restored_values_equal_an_eager_rebuild() -> None:
         back = graph_from_json(data, mode)
         nodes = [n for n in back.graph.nodes if n.op != "output"]
         lazy = [n for n in nodes if isinstance(n.meta, LazyValueMeta)]
-        # placeholders are built at once, every other value is deferred
-        assert lazy == [n for n in nodes if n.op != "placeholder"] and lazy
+        # every value is deferred, placeholders' too
+        assert lazy == nodes and lazy
         assert not any(n.meta.is_built for n in lazy)
         originals = {n.name: n.meta.get("val") for n in gm.graph.nodes}
         for n in nodes:
@@ -187,7 +187,10 @@ def test_warm_hit_whose_backward_never_runs(tmp_path: Path, monkeypatch: pytest.
     assert out.requires_grad and out.grad_fn is not None
     (fw,) = warm_compiler.seen  # the backward is compiled at the first backward only
     art = g._aotkit_cache.artifacts[0]
-    deferred = [n for n in art.bw_module.graph.nodes if isinstance(n.meta, LazyValueMeta)]
+    # (its placeholders' values are this compiler's example inputs, made at restore: it is
+    # not marked as ignoring them; See Note [Compilers that ignore their example inputs])
+    deferred = [n for n in art.bw_module.graph.nodes
+                if isinstance(n.meta, LazyValueMeta) and n.op != "placeholder"]
     assert deferred and not any(n.meta.is_built for n in deferred)
     # the values nop does not read are still not built after the forward ran
     fw_deferred = [n for n in fw.graph.nodes if isinstance(n.meta, LazyValueMeta)]
@@ -220,11 +223,9 @@ def test_warm_hit_whose_values_are_read_later(
     torch.testing.assert_close(w.grad, expected_grad, rtol=0, atol=0)
     assert len(warm_compiler.seen) == len(cold_compiler.seen) == 2
     for cold, warm in zip(cold_compiler.seen, warm_compiler.seen, strict=True):
-        # the deferred values (placeholders are built at restore, as before)
-        cold_vals = {n.name: _spec(n.meta.get("val")) for n in cold.graph.nodes
-                     if n.op != "placeholder"}
-        warm_vals = {n.name: _spec(n.meta.get("val")) for n in warm.graph.nodes
-                     if n.op != "placeholder"}
+        # the deferred values, placeholders' too
+        cold_vals = {n.name: _spec(n.meta.get("val")) for n in cold.graph.nodes}
+        warm_vals = {n.name: _spec(n.meta.get("val")) for n in warm.graph.nodes}
         assert warm_vals == cold_vals
         modes = {
             n.meta["val"].fake_mode
@@ -363,3 +364,67 @@ def test_in_place_adds_on_a_multi_output_op_build_no_value() -> None:
     lazy = [n for n in back.graph.nodes if isinstance(n.meta, LazyValueMeta)]
     assert any(n.name == "native_layer_norm" for n in lazy)
     assert not any(n.meta.is_built for n in lazy)
+
+
+class _Examples:
+    """A compiler that records its example inputs (as a list) and runs nop."""
+
+    def __init__(self, unused: bool) -> None:
+        from aotkit_schemas import mark_example_inputs_unused
+
+        self.examples: list[list[Any]] = []
+        if unused:
+            mark_example_inputs_unused(self)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        import aotkit
+
+        self.examples.append(list(example_inputs))
+        return aotkit.nop(gm, example_inputs)
+
+
+def test_nop_warm_hit_builds_no_backward_input_value(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # See Note [Compilers that ignore their example inputs]: nop says it never reads
+    # them, so a restored backward's placeholders (the saved activations) stay unbuilt
+    import aotkit
+    from aotkit_schemas import example_inputs_unused
+
+    assert example_inputs_unused(aotkit.nop)
+    x, w = _inputs()
+    for run in ("cold", "warm"):
+        g, counters = _cached(tmp_path, monkeypatch, aotkit.nop)  # type: ignore[arg-type]
+        out = g(x, w)
+        out.sum().backward()
+        assert counters == ({"miss": 1, "trace": 1, "store": 1} if run == "cold" else {"hit": 1})
+        grad, w.grad = w.grad, None
+        if run == "cold":
+            expected = (out, grad)
+    torch.testing.assert_close(out, expected[0], rtol=0, atol=0)
+    torch.testing.assert_close(grad, expected[1], rtol=0, atol=0)
+    bw = g._aotkit_cache.artifacts[0].bw_module
+    inputs = list(bw.graph.find_nodes(op="placeholder"))
+    assert inputs and all(isinstance(n.meta, LazyValueMeta) for n in inputs)
+    assert not any(n.meta.is_built for n in inputs)
+
+
+def test_marked_compiler_reading_its_examples_gets_the_same_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a compiler marked as ignoring its example inputs that reads them anyway gets what an
+    # unmarked one gets, on a trace and on a warm hit alike
+    x, w = _inputs()
+    seen: dict[tuple[str, bool], list[list[Any]]] = {}
+    for run in ("cold", "warm"):
+        for unused in (False, True):
+            compiler = _Examples(unused)
+            g, _ = _cached(tmp_path / str(unused), monkeypatch, compiler)  # type: ignore[arg-type]
+            g(x, w).sum().backward()
+            w.grad = None
+            seen[run, unused] = compiler.examples
+    for run in ("cold", "warm"):
+        plain, deferred = seen[run, False], seen[run, True]
+        assert len(plain) == len(deferred) == 2
+        for a, b in zip(plain, deferred, strict=True):
+            assert [_spec(v) for v in a] == [_spec(v) for v in b]

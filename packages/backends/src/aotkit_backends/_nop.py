@@ -8,6 +8,7 @@ from typing import Any
 import torch.fx
 from aotkit_schemas import (
     mark_cache_key,
+    mark_example_inputs_unused,
     mark_graph_reader,
     mark_lazy_unboxed_entry,
     mark_stealing_entry,
@@ -55,4 +56,5 @@ def nop(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> BoxedCallabl
 
 
 mark_graph_reader(nop)
+mark_example_inputs_unused(nop)  # See Note [Compilers that ignore their example inputs]
 mark_cache_key(nop, "aotkit.nop")

@@ -20,7 +20,7 @@ from aotkit_runtime import (
     make_autograd_function,
     tangent_layouts,
 )
-from aotkit_schemas import AOTConfig, PartitionResult, ViewAndMutationMeta
+from aotkit_schemas import AOTConfig, PartitionResult, ViewAndMutationMeta, example_inputs_unused
 from torch._guards import TracingContext, detect_fake_mode, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -100,6 +100,33 @@ def _no_grad_unless_grad_free(
     return run_no_grad
 
 
+class DeferredExamples(Sequence[Any]):
+    """A compiler's example inputs, made at the first access of any kind. See Note
+    [Compilers that ignore their example inputs] in aotkit_schemas."""
+
+    def __init__(self, make: Callable[[], list[Any]], length: int) -> None:
+        self._make: Callable[[], list[Any]] | None = make
+        self._length = length
+        self._items: list[Any] = []
+
+    def _list(self) -> list[Any]:
+        if self._make is not None:
+            self._items, self._make = self._make(), None
+        return self._items
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._list()[i]
+
+    def __iter__(self) -> Any:
+        return iter(self._list())
+
+    def __repr__(self) -> str:
+        return repr(self._list())
+
+
 def _backward_compiler(
     partition: PartitionResult,
     fake: Sequence[Any],
@@ -109,10 +136,20 @@ def _backward_compiler(
     donated: Sequence[int] | None = None,
 ) -> Callable[[], Callable[..., Any]]:
     bw_module = partition.bw_module
-    with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
-        bw_example = [n.meta.get("val") for n in bw_module.graph.nodes if n.op == "placeholder"]
+
+    def backward_examples() -> list[Any]:
+        values = [n.meta.get("val") for n in bw_module.graph.find_nodes(op="placeholder")]
         # See Note [Saved tensors keep the compiled forward's strides]
-        bw_example = restride_saved(bw_example, saved_strides, partition)
+        return restride_saved(values, saved_strides, partition)
+
+    bw_example: Sequence[Any]
+    with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
+        if example_inputs_unused(cfg.bw_compiler):
+            # See Note [Compilers that ignore their example inputs] in aotkit_schemas
+            n_inputs = len(bw_module.graph.find_nodes(op="placeholder"))
+            bw_example = DeferredExamples(backward_examples, n_inputs)
+        else:
+            bw_example = backward_examples()
     fake_mode = detect_fake_mode(list(fake)) or FakeTensorMode()
     symbolic = fake_mode.shape_env is not None
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]

@@ -117,7 +117,7 @@ from ._disk_cache_key import CACHE_FORMAT, Uncacheable, aotkit_source_hash
 from ._disk_cache_stamps import output_stamp_from_json, output_stamp_to_json
 from ._disk_cache_symbolic import SymbolicForm
 from ._disk_cache_value_table import ValueTable, ValueTableWriter
-from ._disk_cache_values import add_node, parse_device
+from ._disk_cache_values import add_node, parse_device, put_meta
 
 log = logging.getLogger(__name__)
 
@@ -524,12 +524,12 @@ def graph_from_json(
         if node.name != name:
             raise CacheFormatError(f"node name {name!r} is not a valid identifier")
         if op == "placeholder":
-            node.meta["val"] = values.build_now(entry.get("val"), name)
+            values.set_value(node, entry.get("val"))
             static = entry.get("static")
             if static is not None:
                 if not isinstance(static, bool):
                     raise CacheFormatError(f"bad static flag of input {name}")
-                node.meta[_STATIC_INPUT_KEY] = static
+                put_meta(node, _STATIC_INPUT_KEY, static)
         elif op == "output":
             output_stamp_from_json(node, entry)
         elif op != "get_attr":

@@ -44,6 +44,7 @@ from ._disk_cache_reach import (
     stored_refusal,
 )
 from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, restored_guard
+from ._disk_cache_values import LazyValueMeta
 from ._fakify import construct_fake_mode
 from ._gc import deferred_full_collections
 from ._generators import check_no_created_generators, recording_generators
@@ -326,17 +327,22 @@ def _use_fakes(graph: torch.fx.GraphModule, fake: Sequence[Any], meta: Any) -> N
 
 
 def _compiled_fakes(graph: torch.fx.GraphModule, meta: Any, n_inputs: int) -> list[Any]:
-    """Fakes of the compiled inputs, as the fresh compilation had them: the graph's
-    placeholder values, requiring grad where the metadata says the input does."""
+    """Fakes of the compiled inputs, as a fresh compilation has them: values like the
+    graph's placeholder values but separate objects, requiring grad where the metadata
+    says the input does (See Note [Lazy node values of restored graphs])."""
     # See Note [Effect tokens]: the forward's token inputs lead, and are not compiled inputs
-    fake = [n.meta["val"] for n in graph.graph.nodes if n.op == "placeholder"][len(meta.tokens):]
-    if len(fake) != n_inputs or len(meta.input_info) != n_inputs:
+    nodes = [n for n in graph.graph.nodes if n.op == "placeholder"][len(meta.tokens):]
+    if len(nodes) != n_inputs or len(meta.input_info) != n_inputs:
         raise CacheFormatError("the cached graph takes another number of inputs")
-    for f, info in zip(fake, meta.input_info, strict=True):
+    fake = []
+    for node, info in zip(nodes, meta.input_info, strict=True):
+        m = node.meta
+        f = m.fresh_value() if isinstance(m, LazyValueMeta) else m["val"]
         if isinstance(f, torch.Tensor) and info.requires_grad != f.requires_grad:
             if not info.requires_grad:
                 raise CacheFormatError("a cached input requires grad against the metadata")
             f.requires_grad_(True)
+        fake.append(f)
     return fake
 
 

@@ -74,14 +74,6 @@ class ValueTable:
             raise CacheFormatError(f"bad value of node {name}")
         return i
 
-    def build_now(self, i: Any, name: str) -> Any:
-        """The value, built now (placeholders)."""
-        i = self.index(i, name)
-        recipe = self.recipes[i]
-        if isinstance(recipe, StaticTensor):
-            return recipe.build(self.fake_mode)
-        return value_from_json(self.raw[i], self.fake_mode, self.symbols)
-
     def set_value(self, node: torch.fx.Node, i: Any) -> None:
         """A static value is built at first read (See Note [Lazy node values of restored
         graphs]); a symbolic one is built now."""

@@ -21,9 +21,16 @@
 #   * Built the same wherever first read: outside the reader's dispatch and torch-function
 #     modes (a compiler pass's functionalization or fake mode, a user's mode) and outside
 #     inference mode, in the entry's fake mode.
-#   * Placeholders' values, and values with symbolic sizes (they depend on the symbols
-#     bound at restore and may add guards: See Note [Dynamic shapes in the on-disk
-#     cache]), are built eagerly.
+#   * Values with symbolic sizes are built eagerly (they depend on the symbols bound at
+#     restore and may add guards: See Note [Dynamic shapes in the on-disk cache]).
+#     Placeholders' static values are deferred too. The compiled inputs' fakes (checked
+#     against the call's inputs, the forward compiler's example inputs) are separate
+#     values built from the forward's placeholder recipes (``fresh_value()``), as a
+#     trace's fakified inputs are separate objects from its graph's placeholder values
+#     (and, like those, the only ones that take the inputs' ``requires_grad``); the
+#     backward's placeholder values are read when its compiler reads its example inputs
+#     (nop does not: See Note [Compilers that ignore their example inputs] in
+#     aotkit_schemas), or when anything else reads them.
 #   * ``static_value_spec()`` answers a value's static layout from the recipe without
 #     building it (See Note [Static value specs] in aotkit_schemas).
 #   * A copy (``copy.copy``, ``copy.deepcopy``, ``dict(meta)``, pickling, FX's
@@ -175,15 +182,23 @@ def set_meta(node: torch.fx.Node, meta: dict[str, Any]) -> None:
     object.__setattr__(node, "meta", meta)
 
 
+def put_meta(node: torch.fx.Node, key: str, value: Any) -> None:
+    """``node.meta[key] = value`` without building a deferred ``"val"`` (``key`` is
+    another entry: See Note [Lazy node values of restored graphs])."""
+    assert key != "val"
+    dict.__setitem__(node.meta, key, value)
+
+
 class LazyValueMeta(dict[str, Any]):
     """A node's ``meta`` whose ``"val"`` is built at the first access of any kind. See
     Note [Lazy node values of restored graphs]."""
 
-    __slots__ = ("_build", "recipe")
+    __slots__ = ("_build", "_builder", "recipe")
 
     def __init__(self, build: Callable[[], Any], recipe: Any = None) -> None:
         super().__init__()
         self._build: Callable[[], Any] | None = build
+        self._builder = build
         # what the value will be (a StaticTensor, a list of recipes, None): read without
         # building it
         self.recipe = recipe
@@ -201,6 +216,11 @@ class LazyValueMeta(dict[str, Any]):
         if not isinstance(recipe, StaticTensor):
             return None  # a list, a Python scalar or None: not a tensor
         return tuple(recipe.shape), tuple(recipe.stride), recipe.dtype, recipe.device
+
+    def fresh_value(self) -> Any:
+        """Another value equal to ``"val"`` (built or not), built now and not stored: a
+        separate object, as a trace's compiled-input fakes are from its placeholders'."""
+        return self._builder()
 
     def force(self) -> None:
         build = self._build

@@ -49,9 +49,11 @@ from ._protocols import Compiler as Compiler
 from ._protocols import DecompositionTable as DecompositionTable
 from ._protocols import Partitioner as Partitioner
 from ._protocols import PartitionResult as PartitionResult
+from ._protocols import example_inputs_unused as example_inputs_unused
 from ._protocols import graph_outputs as graph_outputs
 from ._protocols import is_boxed as is_boxed
 from ._protocols import is_sym_node as is_sym_node
+from ._protocols import mark_example_inputs_unused as mark_example_inputs_unused
 from ._protocols import mark_graph_reader as mark_graph_reader
 from ._protocols import mark_lazy_unboxed_entry as mark_lazy_unboxed_entry
 from ._protocols import mark_stealing_entry as mark_stealing_entry
@@ -136,6 +138,8 @@ __all__ = [
     "is_boxed",
     "is_sym_node",
     "log_artifact",
+    "example_inputs_unused",
+    "mark_example_inputs_unused",
     "mark_graph_reader",
     "mark_lazy_unboxed_entry",
     "mark_stealing_entry",

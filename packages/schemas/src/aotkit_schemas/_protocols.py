@@ -118,6 +118,31 @@ def reads_graph_only(compiler: Callable[..., Any] | None) -> bool:
     return getattr(compiler, _GRAPH_READER_ATTR, False) is True
 
 
+# Note [Compilers that ignore their example inputs]
+# A compiler gets the fake values of its graph's inputs as ``example_inputs``. A graph
+# restored from aotkit's on-disk cache builds a node's fake value when it is first read
+# (See Note [Lazy node values of restored graphs] in aotkit_capture), about 25 us each;
+# a backward graph takes every saved activation as an input (compare.py's pointwise
+# backward: 96), and aotkit's ``nop`` never looks at them. A compiler that never reads
+# ``example_inputs`` can say so with ``mark_example_inputs_unused``; aotkit may then hand
+# it a read-only ``Sequence`` that builds the same values (the same objects, in the same
+# order, with the same strides) at its first access instead of a list of them. Reading it
+# is still correct, only no longer free; a compiler that needs a ``list`` (``+``, appends,
+# ``isinstance(.., list)``) must not be marked.
+_UNUSED_EXAMPLES_ATTR = "_aotkit_example_inputs_unused"
+
+
+def mark_example_inputs_unused(compiler: Callable[..., Any]) -> None:
+    """Record that ``compiler`` never reads its ``example_inputs``. See Note [Compilers
+    that ignore their example inputs]."""
+    setattr(compiler, _UNUSED_EXAMPLES_ATTR, True)
+
+
+def example_inputs_unused(compiler: Callable[..., Any] | None) -> bool:
+    """Whether ``mark_example_inputs_unused`` was called on ``compiler``."""
+    return getattr(compiler, _UNUSED_EXAMPLES_ATTR, False) is True
+
+
 _STEALING_ATTR = "_aotkit_stealing"
 
 
