@@ -86,6 +86,7 @@ def add_reusing(plain: Any, a: Any, b: Any, no_grad: bool) -> Any:
     """``a.add_(b)`` when grad mode is off and ``a`` owns its storage alone, else
     ``plain(a, b)`` (the call the graph makes). See Note [In-place accumulation in graph
     functions]."""
+    # ``sole_owner(a)``, inline: this runs once per such line of every call
     if no_grad and type(a) is torch.Tensor and _storage_use_count(a) == _SOLE_USE_COUNT:
         return _ADD_IN_PLACE(a, b)
     return plain(a, b)
@@ -133,8 +134,12 @@ def in_place_adds(nodes: Sequence[torch.fx.Node]) -> set[torch.fx.Node]:
             producer = node.args[0]
             # one fresh tensor of a multi-output op; read off the schema, not the value
             # (a graph restored from the on-disk cache builds a value at its first read)
-            target = producer.target
-            if producer in fresh and isinstance(target, torch._ops.OpOverload) and _schema_facts(target)[2]:
+            made_by = producer.target
+            if (
+                producer in fresh
+                and isinstance(made_by, torch._ops.OpOverload)
+                and _schema_facts(made_by)[2]
+            ):
                 fresh.add(node)
             else:
                 root[node] = root[producer]

@@ -45,7 +45,7 @@ import torch
 import torch.fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 
-from ._buffer_reuse import add_reusing, in_place_adds, sole_owner
+from ._buffer_reuse import _ADD_IN_PLACE, add_reusing, in_place_adds, sole_owner
 
 # Overloads whose Python binding dispatches to exactly that overload
 # (See Note [Graph functions]). Grouped by where the binding lives.
@@ -71,8 +71,6 @@ _TENSOR_METHODS = "expand.default view.default view.dtype"
 
 # Overloads whose binding turns a Python number in a Tensor position into the same wrapped
 # number tensor the overload gets (``torch.add(x, 1)`` runs ``add.Tensor``).
-_ADD_IN_PLACE = torch._C.TensorBase.add_
-
 _NUMBER_AS_TENSOR_OK = frozenset({"add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor"})
 
 # "name.overload" (an aten overload's ``__name__``) -> the namespace holding its binding,

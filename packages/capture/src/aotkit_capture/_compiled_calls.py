@@ -7,7 +7,7 @@ outputs (See Note [Effect tokens])."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -120,7 +120,7 @@ class DeferredExamples(Sequence[Any]):
     def __getitem__(self, i: Any) -> Any:
         return self._list()[i]
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Any]:
         return iter(self._list())
 
     def __repr__(self) -> str:
@@ -136,18 +136,17 @@ def _backward_compiler(
     donated: Sequence[int] | None = None,
 ) -> Callable[[], Callable[..., Any]]:
     bw_module = partition.bw_module
+    inputs = list(bw_module.graph.find_nodes(op="placeholder"))
 
     def backward_examples() -> list[Any]:
-        values = [n.meta.get("val") for n in bw_module.graph.find_nodes(op="placeholder")]
         # See Note [Saved tensors keep the compiled forward's strides]
-        return restride_saved(values, saved_strides, partition)
+        return restride_saved([n.meta.get("val") for n in inputs], saved_strides, partition)
 
     bw_example: Sequence[Any]
     with track_graph_compiling(cfg, "backward"):  # torch's ahead-of-time backward stage
         if example_inputs_unused(cfg.bw_compiler):
             # See Note [Compilers that ignore their example inputs] in aotkit_schemas
-            n_inputs = len(bw_module.graph.find_nodes(op="placeholder"))
-            bw_example = DeferredExamples(backward_examples, n_inputs)
+            bw_example = DeferredExamples(backward_examples, len(inputs))
         else:
             bw_example = backward_examples()
     fake_mode = detect_fake_mode(list(fake)) or FakeTensorMode()
