@@ -86,7 +86,28 @@ def _run_module(mod: torch.nn.Module, compiled: Callable[..., Any], x: torch.Ten
     with torch.no_grad():
         again = compiled(x)
     result["no_grad"] = (again[0] if isinstance(again, tuple) else again).tolist()
+    result["placeholders"] = _placeholder_values(compiled)
     return result
+
+
+def _placeholder_values(compiled: Any) -> list[Any]:
+    """Every compiled graph's placeholder values (read after the run, so a deferred value
+    is built now): a warm hit must hand its compilers the metadata a trace did, down to
+    ``requires_grad`` (See Note [Lazy node values of restored graphs] in aotkit_capture)."""
+    out: list[Any] = []
+    cache = getattr(getattr(compiled, "_compiled", None), "_aotkit_cache", None)
+    for art in cache.artifacts if cache is not None else ():  # (aot_module's; not dynamo's)
+        for role in ("fw_module", "bw_module", "inference_module"):
+            gm = getattr(art, role)
+            if gm is None:
+                continue
+            for n in gm.graph.find_nodes(op="placeholder"):
+                v = n.meta.get("val")
+                out.append([role, n.name] + (
+                    [list(v.shape), list(v.stride()), str(v.dtype), v.requires_grad]
+                    if isinstance(v, torch.Tensor) else [repr(v)]
+                ))
+    return out
 
 
 def mlp() -> dict[str, Any]:
