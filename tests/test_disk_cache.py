@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import torch
 from aotkit_capture import ambient_state_key, program_fingerprint
-from aotkit_capture._disk_cache import entry_bytes, graph_from_json, graph_to_json, split_entry
+from aotkit_capture._disk_cache import entry_bytes, split_entry
+from aotkit_capture._disk_cache_graph import graph_from_json, graph_to_json
 from aotkit_capture._disk_cache_key import entry_key
 from aotkit_schemas import CacheFormatError, meta_from_json, meta_to_json
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -305,15 +306,54 @@ def test_graph_json_round_trip_and_unknown_targets() -> None:
     assert back.code == gm.code
     x = torch.randn(2, 3)
     torch.testing.assert_close(back(x), gm(x), rtol=0, atol=0)
-    data["nodes"][1]["target"] = "py:builtins.eval"
+    data["nodes"][1][2] = "py:builtins.eval"  # [op, name, target, args, kwargs, val]
     with pytest.raises(CacheFormatError):
         graph_from_json(data, FakeTensorMode())
 
 
+def test_graph_json_keeps_argument_types() -> None:
+    # See Note [Graph nodes in the cache JSON]: a node name is a bare string, a string
+    # literal is tagged; lists stay lists, tuples tuples, floats exact
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    x.meta["val"] = FakeTensorMode().from_tensor(torch.randn(4, 4))
+    calls = [
+        (torch.ops.aten.div.Tensor_mode, (x, x), {"rounding_mode": "floor"}),
+        (torch.ops.aten.sum.dim_IntList, (x, [0, 1], True), {"dtype": torch.float64}),
+        (torch.ops.aten.reshape.default, (x, [2, 8]), {}),
+        (torch.ops.aten.add.Tensor, (x, x), {"alpha": 0.1}),
+        (torch.ops.aten.empty_strided.default, ((2, 2), [2, 1]),
+         {"device": torch.device("cpu"), "pin_memory": None}),
+    ]
+    made = []
+    for target, args, kwargs in calls:
+        n = graph.call_function(target, args, kwargs)
+        n.meta["val"] = x.meta["val"]
+        made.append(n)
+    graph.output(tuple(made))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    back = graph_from_json(json.loads(json.dumps(graph_to_json(gm))), FakeTensorMode())
+
+    def typed(a: Any) -> Any:
+        if isinstance(a, torch.fx.Node):
+            return ("node", a.name)
+        if isinstance(a, (list, tuple)):
+            return (type(a).__name__, [typed(v) for v in a])
+        return (type(a).__name__, a)
+
+    for before, after in zip(gm.graph.nodes, back.graph.nodes, strict=True):
+        assert (after.op, after.name, after.target) == (before.op, before.name, before.target)
+        assert typed(list(after.args)) == typed(list(before.args)), before.name
+        assert list(after.kwargs) == list(before.kwargs), before.name
+        assert typed(list(after.kwargs.values())) == typed(list(before.kwargs.values()))
+    assert back.code == gm.code
+
+
 def _last_call_first(d: dict[str, Any]) -> None:
     # the last call (``+ 1``) reads the one before it (``relu``): swapped, it reads it early
+    # nodes are [op, name, target, args, kwargs, val]: See Note [Graph nodes in the cache JSON]
     nodes = d["nodes"]
-    assert nodes[-1]["op"] == "output" and nodes[-2]["args"]["t"][0] == {"n": nodes[-3]["name"]}
+    assert nodes[-1][0] == "output" and nodes[-2][3][0] == nodes[-3][1]
     nodes[-3], nodes[-2] = nodes[-2], nodes[-3]
 
 
@@ -322,10 +362,15 @@ def _last_call_first(d: dict[str, Any]) -> None:
 _MALFORMED_GRAPHS: dict[str, Callable[[dict[str, Any]], Any]] = {
     "nodes reversed": lambda d: d["nodes"].reverse(),
     "a node read before it is made": _last_call_first,
-    "a repeated node name": lambda d: d["nodes"][2].__setitem__("name", d["nodes"][1]["name"]),
-    "a name that is not an identifier": lambda d: d["nodes"][1].__setitem__("name", "a b"),
-    "an unknown node op": lambda d: d["nodes"][1].__setitem__("op", "call_module"),
-    "an argument naming no node": lambda d: d["nodes"][-1].__setitem__("args", {"t": [{"n": "nowhere"}]}),
+    "a repeated node name": lambda d: d["nodes"][2].__setitem__(1, d["nodes"][1][1]),
+    "a name that is not an identifier": lambda d: d["nodes"][1].__setitem__(1, "a b"),
+    "an unknown node op": lambda d: d["nodes"][1].__setitem__(0, "call_module"),
+    "an argument naming no node": lambda d: d["nodes"][-1].__setitem__(3, ["nowhere"]),
+    "a node that is not an array": lambda d: d["nodes"].__setitem__(1, dict(enumerate(d["nodes"][1]))),
+    "a node with too few items": lambda d: d["nodes"][1].pop(),
+    "an unknown extra": lambda d: d["nodes"][0].append({"static": False, "other": 1}),
+    "an output with a value": lambda d: d["nodes"][-1].__setitem__(5, 0),
+    "an unknown argument tag": lambda d: d["nodes"][-2][3].__setitem__(1, {"x": 1}),
 }
 
 
@@ -353,7 +398,7 @@ def test_graph_json_keeps_the_user_visible_output_stamp() -> None:
     gm = g._aotkit_cache.artifacts[0].inference_module
     output = gm.graph.find_nodes(op="output")[0]
     data = graph_to_json(gm)
-    assert "user_visible" not in data["nodes"][-1]  # unmarked graphs stay unmarked
+    assert len(data["nodes"][-1]) == 6  # unmarked graphs stay unmarked: no extras
     back = graph_from_json(json.loads(json.dumps(data)), FakeTensorMode())
     assert "user_visible_output_idxs" not in back.graph.find_nodes(op="output")[0].meta
     output.meta["user_visible_output_idxs"] = [1]
@@ -361,7 +406,7 @@ def test_graph_json_keeps_the_user_visible_output_stamp() -> None:
     back = graph_from_json(json.loads(json.dumps(data)), FakeTensorMode())
     assert back.graph.find_nodes(op="output")[0].meta["user_visible_output_idxs"] == [1]
     for bad in ([2], [0, 0], ["0"], [True], 1, [-1]):
-        data["nodes"][-1]["user_visible"] = bad
+        data["nodes"][-1][6:] = [{"user_visible": bad}]
         with pytest.raises(CacheFormatError):
             graph_from_json(data, FakeTensorMode())
 

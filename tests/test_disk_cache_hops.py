@@ -19,7 +19,8 @@ import pytest
 import torch
 from aotkit_backends import nop
 from aotkit_capture import record_compilations
-from aotkit_capture._disk_cache import entry_bytes, graph_from_json, graph_to_json, split_entry
+from aotkit_capture._disk_cache import entry_bytes, split_entry
+from aotkit_capture._disk_cache_graph import graph_from_json, graph_to_json
 from aotkit_capture._disk_cache_key import Uncacheable
 from aotkit_frontends import aot_function
 from aotkit_schemas import CacheFormatError
@@ -108,9 +109,9 @@ def _rewrite(p: Path, change: Callable[[dict[str, Any]], None]) -> None:
 
 def _swap_branches(payload: dict[str, Any]) -> None:
     # a forged entry whose forward's cond reads a subgraph the entry does not hold
-    for node in payload["fw"]["nodes"]:
-        if node["op"] == "get_attr":
-            node["target"] = "missing_graph"
+    for node in payload["fw"]["nodes"]:  # [op, name, target, ...]
+        if node[0] == "get_attr":
+            node[2] = "missing_graph"
 
 
 def test_a_tampered_nested_graph_is_refused_and_compiled_again(
@@ -155,18 +156,19 @@ def test_hop_graph_round_trip() -> None:
         assert getattr(back, name).code == getattr(fw, name).code
 
 
-def _hop_node(d: dict[str, Any]) -> dict[str, Any]:
-    return next(n for n in d["nodes"] if str(n.get("target", "")).startswith("hop:"))
+def _hop_node(d: dict[str, Any]) -> list[Any]:
+    # See Note [Graph nodes in the cache JSON]: [op, name, target, args, kwargs, val]
+    return next(n for n in d["nodes"] if str(n[2]).startswith("hop:"))
 
 
 def _drop_a_placeholder(d: dict[str, Any]) -> None:
     nodes = d["subgraphs"]["true_graph_0"]["nodes"]
     # the subgraph takes one input fewer than cond passes (its output reads a constant)
-    ph = next(n for n in nodes if n["op"] == "placeholder")
+    ph = next(n for n in nodes if n[0] == "placeholder")
     nodes.remove(ph)
     for n in nodes:
-        if n["op"] != "placeholder":
-            n["args"] = json.loads(json.dumps(n["args"]).replace(json.dumps({"n": ph["name"]}), "1"))
+        if n[0] != "placeholder":
+            n[3] = json.loads(json.dumps(n[3]).replace(json.dumps(ph[1]), "1"))
 
 
 TAMPERS: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -177,8 +179,8 @@ TAMPERS: dict[str, Callable[[dict[str, Any]], None]] = {
     "bad subgraph name": lambda d: d["subgraphs"].__setitem__(
         "a.b", d["subgraphs"].pop("true_graph_0")
     ),
-    "unknown hop": lambda d: _hop_node(d).__setitem__("target", "hop:triton_kernel_wrapper_mutation"),
-    "not a hop": lambda d: _hop_node(d).__setitem__("target", "hop:__class__"),
+    "unknown hop": lambda d: _hop_node(d).__setitem__(2, "hop:triton_kernel_wrapper_mutation"),
+    "not a hop": lambda d: _hop_node(d).__setitem__(2, "hop:__class__"),
     "subgraph input count": _drop_a_placeholder,
     "subgraphs not an object": lambda d: d.__setitem__("subgraphs", ["true_graph_0"]),
     "subgraph does not lint": lambda d: d["subgraphs"]["true_graph_0"]["nodes"].reverse(),

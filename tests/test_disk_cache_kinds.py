@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 import torch
 from aotkit_capture import cache_counters, program_fingerprint
-from aotkit_capture._disk_cache import graph_from_json, graph_to_json
 from aotkit_capture._disk_cache_constants import constant_from_json, constant_to_json
+from aotkit_capture._disk_cache_graph import graph_from_json, graph_to_json
 from aotkit_capture._disk_cache_key import Uncacheable
 from aotkit_schemas import CacheFormatError
 from torch._subclasses.fake_tensor import FakeTensorMode

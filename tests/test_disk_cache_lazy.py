@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from aotkit_capture._disk_cache import graph_from_json, graph_to_json
+from aotkit_capture._disk_cache_graph import graph_from_json, graph_to_json
 from aotkit_capture._disk_cache_values import LazyValueMeta
 from aotkit_schemas import CacheFormatError
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -109,7 +109,8 @@ def test_a_bad_deferred_value_rejects_the_graph_at_once(damage: tuple[str, str])
     data = graph_to_json(bw)
     # damage only a value no placeholder has (a deferred one), in the graph's value table
     # (See Note [The value table of a cached graph])
-    eager = {n["val"] for n in data["nodes"] if n["op"] == "placeholder"}
+    # nodes are [op, name, target, args, kwargs, val]: See Note [Graph nodes in the cache JSON]
+    eager = {n[5] for n in data["nodes"] if n[0] == "placeholder"}
     i = max(set(range(len(data["vals"]))) - eager)
     text = json.dumps(data["vals"][i], separators=(",", ":"))
     assert damage[0] in text
@@ -124,8 +125,8 @@ def test_requires_grad_on_an_integer_value_is_rejected_at_once() -> None:
     data = graph_to_json(bw)
     # a value of a non-placeholder node (deferred), in the graph's value table (See Note
     # [The value table of a cached graph])
-    node = next(n for n in reversed(data["nodes"]) if "val" in n and "T" in data["vals"][n["val"]])
-    i = node["val"]
+    node = next(n for n in reversed(data["nodes"]) if n[5] is not None and "T" in data["vals"][n[5]])
+    i = node[5]
     data["vals"][i] = {"T": {**data["vals"][i]["T"], "dtype": "int64"}, "rg": True}
     with pytest.raises(CacheFormatError):
         graph_from_json(json.loads(json.dumps(data)), FakeTensorMode())
@@ -320,7 +321,7 @@ def test_the_value_table_holds_each_value_once_and_nodes_get_their_own_values() 
     # See Note [The value table of a cached graph]
     _, bw = _training_graphs()
     data = json.loads(json.dumps(graph_to_json(bw)))
-    refs = [n["val"] for n in data["nodes"] if "val" in n]
+    refs = [n[5] for n in data["nodes"] if n[5] is not None]
     assert len(data["vals"]) == len(set(refs)) < len(refs)  # shared, and none unused
     texts = [json.dumps(v, sort_keys=True) for v in data["vals"]]
     assert len(set(texts)) == len(texts)
@@ -339,8 +340,8 @@ def test_the_value_table_holds_each_value_once_and_nodes_get_their_own_values() 
 def test_a_value_that_is_not_a_table_index_rejects_the_graph(bad: Any) -> None:
     _, bw = _training_graphs()
     data = json.loads(json.dumps(graph_to_json(bw)))
-    node = next(n for n in reversed(data["nodes"]) if "val" in n)
-    node["val"] = bad
+    node = next(n for n in reversed(data["nodes"]) if n[5] is not None)
+    node[5] = bad
     with pytest.raises(CacheFormatError):
         graph_from_json(data, FakeTensorMode())
 

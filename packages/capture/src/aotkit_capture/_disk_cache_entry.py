@@ -23,9 +23,10 @@ from aotkit_schemas import (
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ._disk_cache import cache_counters, graph_from_json, graph_to_json
+from ._disk_cache import cache_counters
 from ._disk_cache_artifacts import FIELD as ARTIFACT_KEYS
 from ._disk_cache_artifacts import artifact_keys_json, compiled_graphs
+from ._disk_cache_graph import graph_from_json, graph_to_json
 from ._disk_cache_hops import tokens_from_json, tokens_to_json
 from ._disk_cache_key import Uncacheable, entry_key
 from ._disk_cache_symbolic import SymbolicForm

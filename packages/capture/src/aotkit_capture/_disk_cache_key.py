@@ -62,7 +62,8 @@ from ._ambient import ambient_key
 from ._disk_cache_hooks import global_hooks_key, has_hooks, module_hooks
 from ._saved_tensor_hooks import saved_tensors_hooks_key
 
-CACHE_FORMAT = 3  # 2: artifact keys (See Note [Compiled-artifact keys]); 3: a header line
+CACHE_FORMAT = 4  # 2: artifact keys (See Note [Compiled-artifact keys]); 3: a header line;
+# 4: nodes as arrays, bare node-name arguments (See Note [Graph nodes in the cache JSON])
 _PLAIN = (int, float, bool, str, bytes, type(None), complex)
 _AOTKIT_PACKAGES = (
     "aotkit_schemas", "aotkit_functional", "aotkit_analysis", "aotkit_runtime",
