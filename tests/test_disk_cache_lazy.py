@@ -429,3 +429,84 @@ def test_marked_compiler_reading_its_examples_gets_the_same_values(
         assert len(plain) == len(deferred) == 2
         for a, b in zip(plain, deferred, strict=True):
             assert [_spec(v) for v in a] == [_spec(v) for v in b]
+
+
+class _Unread:
+    """A compiler marked as ignoring its example inputs that keeps them unread."""
+
+    def __init__(self) -> None:
+        from aotkit_schemas import mark_example_inputs_unused
+
+        self.examples: list[Any] = []
+        mark_example_inputs_unused(self)
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        import aotkit
+
+        self.examples.append(example_inputs)
+        return aotkit.nop(gm, example_inputs)
+
+
+def test_warm_hit_builds_no_forward_example_for_a_compiler_that_ignores_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # See Note [Restored inputs' fakes built when read]
+    from aotkit_capture._restored_fakes import RestoredFakes
+
+    x, w = _inputs()
+    cold = _Unread()
+    g, _ = _cached(tmp_path, monkeypatch, cold)  # type: ignore[arg-type]
+    expected = g(x, w)
+    expected.sum().backward()
+    expected_grad, w.grad = w.grad, None
+    warm = _Unread()
+    g, counters = _cached(tmp_path, monkeypatch, warm)  # type: ignore[arg-type]
+    out = g(x, w)
+    out.sum().backward()
+    assert counters == {"hit": 1}
+    torch.testing.assert_close(out, expected, rtol=0, atol=0)
+    torch.testing.assert_close(w.grad, expected_grad, rtol=0, atol=0)
+    fw_examples = warm.examples[0]
+    assert isinstance(fw_examples, RestoredFakes) and fw_examples._metas is not None  # unbuilt
+    assert fw_examples.requires_grad == (False, True) and len(fw_examples) == 2
+    fw = g._aotkit_cache.artifacts[0].fw_module
+    placeholders = list(fw.graph.find_nodes(op="placeholder"))
+    # read now: the values a trace hands over, separate from the placeholders' own
+    built = list(fw_examples)
+    assert [_spec(v) for v in built] == [_spec(v) for v in cold.examples[0]]
+    assert [v.requires_grad for v in built] == [False, True]
+    assert all(v is not p.meta["val"] for v, p in zip(built, placeholders, strict=True))
+    assert {v.fake_mode for v in built} == {fw_examples.fake_mode, placeholders[0].meta["val"].fake_mode}
+
+
+def _lazy_input(shape: list[int], requires_grad: bool) -> LazyValueMeta:
+    from aotkit_capture._disk_cache_values import StaticTensor
+
+    spec = {"shape": shape, "stride": [1] * len(shape), "dtype": "float32", "device": "cpu"}
+    recipe = StaticTensor(spec, requires_grad)
+    return LazyValueMeta(lambda: recipe.build(FakeTensorMode()), recipe)
+
+
+def test_restored_fakes_check_without_building() -> None:
+    from aotkit_analysis import compute_input_layout
+    from aotkit_capture._restored_fakes import RestoredFakes
+
+    mode = FakeTensorMode()
+    # a recipe that requires grad where the metadata says the input does not: refused
+    with pytest.raises(CacheFormatError, match="requires grad against the metadata"):
+        RestoredFakes([_lazy_input([3], True)], [False], mode)
+    # the metadata's requires_grad wins where the recipe's is off (as a trace's fakes)
+    fakes = RestoredFakes([_lazy_input([3], False), _lazy_input([3], False)], [False, True], mode)
+    args = [torch.randn(3), torch.randn(3, requires_grad=True)]
+    fakes.check_inputs(args, compute_input_layout(args))
+    assert fakes._metas is not None  # checked from the recipes alone
+    for bad in (
+        [torch.randn(4), args[1]],  # another shape
+        [args[0].double(), args[1]],  # another dtype
+        [args[0], torch.randn(3)],  # requires_grad off where the entry has it on
+        [1.0, args[1]],  # not a tensor
+    ):
+        with pytest.raises(CacheFormatError):
+            fakes.check_inputs(bad, compute_input_layout(bad))
+    assert [t.requires_grad for t in fakes] == [False, True]
+    fakes.check_inputs(args, compute_input_layout(args))  # and from the built values

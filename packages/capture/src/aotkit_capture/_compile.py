@@ -385,7 +385,7 @@ def finish(
     meta: ViewAndMutationMeta,
     layout: InputLayout,
     cfg: AOTConfig,
-    fake: list[Any],
+    fake: Sequence[Any],
     flat_args: Sequence[Any],
     shape_env: Any,
     relative: list[int | None],

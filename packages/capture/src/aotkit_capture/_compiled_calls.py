@@ -21,7 +21,7 @@ from aotkit_runtime import (
     tangent_layouts,
 )
 from aotkit_schemas import AOTConfig, PartitionResult, ViewAndMutationMeta, example_inputs_unused
-from torch._guards import TracingContext, detect_fake_mode, tracing
+from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._autocast import autocast_at_compile, run_without_autocast, without_autocast_compiling
@@ -36,6 +36,7 @@ from ._graph_facts import (
     static_tangent_like,
     tangent_dependencies,
 )
+from ._restored_fakes import examples_for, fake_mode_of, requires_grad_flags
 from ._saved_strides import (
     Strides,
     reported_output_strides,
@@ -61,7 +62,7 @@ def inference_call(
     epilogue; shared with the on-disk cache's restore."""
     compiler = cfg.inference_compiler or cfg.fw_compiler
     n_tok = len(meta.tokens)  # See Note [Effect tokens]: the tokens lead
-    example = list(fake)
+    example = examples_for(compiler, fake)  # See Note [Restored inputs' fakes built when read]
     if n_tok:
         example = [n.meta.get("val") for n in gm.graph.find_nodes(op="placeholder")]
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
@@ -90,7 +91,7 @@ def inference_call(
 def _no_grad_unless_grad_free(
     compiled: Callable[[list[Any]], Sequence[Any]], fake: Sequence[Any]
 ) -> Callable[[list[Any]], Sequence[Any]]:
-    if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake):
+    if not any(requires_grad_flags(fake)):
         return compiled
 
     def run_no_grad(args: list[Any]) -> Sequence[Any]:
@@ -149,7 +150,7 @@ def _backward_compiler(
             bw_example = DeferredExamples(backward_examples, len(inputs))
         else:
             bw_example = backward_examples()
-    fake_mode = detect_fake_mode(list(fake)) or FakeTensorMode()
+    fake_mode = fake_mode_of(fake)
     symbolic = fake_mode.shape_env is not None
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
     # the compile's TracingContext (dynamo's), entered again for the backward: Inductor's
@@ -195,7 +196,8 @@ def training_call(
     fw_module, bw_module = partition.fw_module, partition.bw_module
     # See Note [Effect tokens]: the forward's leading inputs and outputs are its tokens
     n_tok, n_bw_tok = len(meta.tokens), meta.num_backward_tokens
-    fw_example = list(fake)
+    # See Note [Restored inputs' fakes built when read]
+    fw_example = examples_for(cfg.fw_compiler, fake)
     if n_tok:
         fw_example = [n.meta.get("val") for n in fw_module.graph.find_nodes(op="placeholder")]
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]

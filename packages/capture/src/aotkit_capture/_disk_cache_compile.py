@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from aotkit_analysis import InputLayout, compute_input_layout
+from aotkit_analysis import compute_input_layout
 from aotkit_schemas import AOTConfig, CacheFormatError
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -44,7 +44,6 @@ from ._disk_cache_reach import (
     stored_refusal,
 )
 from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, restored_guard
-from ._disk_cache_values import LazyValueMeta
 from ._fakify import construct_fake_mode
 from ._gc import deferred_full_collections
 from ._generators import check_no_created_generators, recording_generators
@@ -58,6 +57,7 @@ from ._requires_grad_changes import (
     temporarily_flipped,
 )
 from ._restore_fake_mode import restore_fake_mode
+from ._restored_fakes import RestoredFakes
 from ._trace import FlatFn
 from ._trace_scope import new_compilation
 
@@ -237,12 +237,14 @@ def _restore_entry(
     symbolic = "shape" in payload
     fake_mode = detect_fake_mode(list(flat_args))
     own_mode = fake_mode is None
+    fake: Sequence[Any]
     try:
         env = None
         if symbolic:
             fake_mode, fake, env = _symbolic_inputs(payload["shape"], flat_args, cfg)
         # See Note [A restored entry's fake mode]
-        entry = read_entry(payload, fake_mode or restore_fake_mode(), env)
+        restored_mode = fake_mode or restore_fake_mode()
+        entry = read_entry(payload, restored_mode, env)
         graphs = compiled_graphs(entry)
         apply_artifact_keys(payload, graphs)  # See Note [Compiled-artifact keys]
         keep_artifact_keys_current(key, graphs)
@@ -260,8 +262,9 @@ def _restore_entry(
         if symbolic:
             _use_fakes(graph, fake, meta)
         else:
-            fake = _compiled_fakes(graph, meta, layout.num_compiled_inputs)
-            _check_inputs(fake, flat_args, layout)
+            restored = _compiled_fakes(graph, meta, layout.num_compiled_inputs, restored_mode)
+            restored.check_inputs(flat_args, layout)
+            fake = restored
         if sidecar is not None:
             sidecar.load_json(payload.get("sidecar"))
         artifacts = CompiledArtifacts(
@@ -326,41 +329,15 @@ def _use_fakes(graph: torch.fx.GraphModule, fake: Sequence[Any], meta: Any) -> N
         node.meta["val"] = f
 
 
-def _compiled_fakes(graph: torch.fx.GraphModule, meta: Any, n_inputs: int) -> list[Any]:
-    """Fakes of the compiled inputs, as a fresh compilation has them: values like the
-    graph's placeholder values but separate objects, requiring grad where the metadata
-    says the input does (See Note [Lazy node values of restored graphs])."""
+def _compiled_fakes(
+    graph: torch.fx.GraphModule, meta: Any, n_inputs: int, fake_mode: FakeTensorMode
+) -> RestoredFakes:
+    """Fakes of the compiled inputs, as a fresh compilation has them, built when first
+    read (See Note [Restored inputs' fakes built when read])."""
     # See Note [Effect tokens]: the forward's token inputs lead, and are not compiled inputs
     nodes = [n for n in graph.graph.nodes if n.op == "placeholder"][len(meta.tokens):]
     if len(nodes) != n_inputs or len(meta.input_info) != n_inputs:
         raise CacheFormatError("the cached graph takes another number of inputs")
-    fake = []
-    for node, info in zip(nodes, meta.input_info, strict=True):
-        m = node.meta
-        f = m.fresh_value() if isinstance(m, LazyValueMeta) else m["val"]
-        if isinstance(f, torch.Tensor) and info.requires_grad != f.requires_grad:
-            if not info.requires_grad:
-                raise CacheFormatError("a cached input requires grad against the metadata")
-            f.requires_grad_(True)
-        fake.append(f)
-    return fake
-
-
-def _check_inputs(fake: Sequence[Any], flat_args: Sequence[Any], layout: InputLayout) -> None:
-    """The cached graph's placeholders describe the compiled inputs (the key already
-    covers them; this catches a payload whose checksum was forged)."""
-    kept = dict(layout.kept_positions())
-    for c, f in enumerate(fake):
-        u = kept.get(c)
-        if u is None or not isinstance(f, torch.Tensor):
-            continue
-        a = flat_args[u]
-        if not isinstance(a, torch.Tensor):
-            raise CacheFormatError(f"cached input {c} is a tensor, the call's is not")
-        if (
-            tuple(f.shape) != tuple(a.shape)
-            or tuple(f.stride()) != tuple(a.stride())
-            or f.dtype != a.dtype
-            or f.requires_grad != a.requires_grad
-        ):
-            raise CacheFormatError(f"cached input {c} does not match the call's input {u}")
+    return RestoredFakes(
+        [n.meta for n in nodes], [info.requires_grad for info in meta.input_info], fake_mode
+    )

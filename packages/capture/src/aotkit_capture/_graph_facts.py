@@ -13,6 +13,8 @@ import torch.fx
 from aotkit_functional import as_plain_tensor
 from aotkit_schemas import OutputType, ViewAndMutationMeta, aliases_despite_schema, graph_outputs
 
+from ._restored_fakes import requires_grad_flags
+
 
 def plain_view_outputs(
     gm: torch.fx.GraphModule, meta: ViewAndMutationMeta, n_tokens: int = 0
@@ -128,7 +130,7 @@ def gradless_inputs(
     grads = grads[: len(grads) - n_tok]
     if len(grads) != len(fake):
         return ()
-    needs = [i for i, a in enumerate(fake) if isinstance(a, torch.Tensor) and a.requires_grad]
+    needs = [i for i, rg in enumerate(requires_grad_flags(fake)) if rg]
     gradless = [i for i in needs if grads[i] is None]
     if len(gradless) < len(needs):
         return tuple(gradless)
