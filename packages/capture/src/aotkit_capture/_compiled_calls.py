@@ -7,7 +7,7 @@ outputs (See Note [Effect tokens])."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -36,7 +36,7 @@ from ._graph_facts import (
     static_tangent_like,
     tangent_dependencies,
 )
-from ._restored_fakes import examples_for, fake_mode_of, requires_grad_flags
+from ._restored_fakes import DeferredExamples, examples_for, fake_mode_of, requires_grad_flags
 from ._saved_strides import (
     Strides,
     reported_output_strides,
@@ -99,33 +99,6 @@ def _no_grad_unless_grad_free(
             return compiled(args)
 
     return run_no_grad
-
-
-class DeferredExamples(Sequence[Any]):
-    """A compiler's example inputs, made at the first access of any kind. See Note
-    [Compilers that ignore their example inputs] in aotkit_schemas."""
-
-    def __init__(self, make: Callable[[], list[Any]], length: int) -> None:
-        self._make: Callable[[], list[Any]] | None = make
-        self._length = length
-        self._items: list[Any] = []
-
-    def _list(self) -> list[Any]:
-        if self._make is not None:
-            self._items, self._make = self._make(), None
-        return self._items
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._list()[i]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._list())
-
-    def __repr__(self) -> str:
-        return repr(self._list())
 
 
 def _backward_compiler(

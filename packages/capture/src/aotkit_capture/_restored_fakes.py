@@ -1,4 +1,5 @@
-"""The compiled inputs' fakes of an entry restored from the on-disk cache, built when read.
+"""Example inputs built when first read: a compiler's deferred examples, and the compiled
+inputs' fakes of an entry restored from the on-disk cache.
 
 # Note [Restored inputs' fakes built when read]
 # A compilation hands its forward (or inference) compiler the compiled inputs' fake tensors
@@ -23,7 +24,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -35,10 +36,35 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ._disk_cache_values import LazyValueMeta, StaticTensor
 
 
-class RestoredFakes(Sequence[Any]):
-    """See Note [Restored inputs' fakes built when read]."""
+class DeferredExamples(Sequence[Any]):
+    """A compiler's example inputs, made at the first access of any kind. See Note
+    [Compilers that ignore their example inputs] in aotkit_schemas."""
 
-    __slots__ = ("fake_mode", "requires_grad", "_metas", "_items")
+    def __init__(self, make: Callable[[], list[Any]], length: int) -> None:
+        self._make: Callable[[], list[Any]] | None = make
+        self._length = length
+        self._items: list[Any] = []
+
+    def _list(self) -> list[Any]:
+        if self._make is not None:
+            self._items, self._make = self._make(), None
+        return self._items
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._list()[i]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._list())
+
+    def __repr__(self) -> str:
+        return repr(self._list())
+
+
+class RestoredFakes(DeferredExamples):
+    """See Note [Restored inputs' fakes built when read]."""
 
     def __init__(
         self, metas: list[dict[str, Any]], input_requires_grad: Sequence[bool],
@@ -59,31 +85,18 @@ class RestoredFakes(Sequence[Any]):
         self.fake_mode = fake_mode
         self.requires_grad: tuple[bool, ...] = tuple(flags)
         self._metas: list[dict[str, Any]] | None = metas
-        self._items: list[Any] = []
+        super().__init__(self._build, len(flags))
 
-    def _list(self) -> list[Any]:
-        metas = self._metas
-        if metas is not None:
-            items = []
-            for m, rg in zip(metas, self.requires_grad, strict=True):
-                f = m.fresh_value() if isinstance(m, LazyValueMeta) else m["val"]
-                if rg and not f.requires_grad:
-                    f.requires_grad_(True)
-                items.append(f)
-            self._items, self._metas = items, None
-        return self._items
-
-    def __len__(self) -> int:
-        return len(self.requires_grad)
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._list()[i]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._list())
-
-    def __repr__(self) -> str:
-        return repr(self._list())
+    def _build(self) -> list[Any]:
+        metas, self._metas = self._metas, None
+        assert metas is not None
+        items = []
+        for m, rg in zip(metas, self.requires_grad, strict=True):
+            f = m.fresh_value() if isinstance(m, LazyValueMeta) else m["val"]
+            if rg and not f.requires_grad:
+                f.requires_grad_(True)
+            items.append(f)
+        return items
 
     def check_inputs(self, flat_args: Sequence[Any], layout: InputLayout) -> None:
         """The cached graph's placeholders describe the compiled inputs (the key already
