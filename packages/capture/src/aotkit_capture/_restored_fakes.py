@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 from aotkit_analysis import InputLayout
-from aotkit_schemas import CacheFormatError, example_inputs_unused
+from aotkit_schemas import CacheFormatError, example_inputs_unused, tensor_static_spec
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -108,28 +108,23 @@ class RestoredFakes(DeferredExamples):
             u = kept.get(c)
             if u is None:
                 continue
+            # the layouts nop and the placeholders' lazy values already read (See Note [Static
+            # value specs] in aotkit_schemas): from the recipe while unbuilt
             if metas is None:
-                spec = _spec_of(self._items[c])
+                spec = tensor_static_spec(self._items[c])
             else:
                 m = metas[c]
-                recipe = m.recipe if isinstance(m, LazyValueMeta) else None
                 spec = (
-                    (tuple(recipe.shape), tuple(recipe.stride), recipe.dtype)
-                    if isinstance(recipe, StaticTensor) else _spec_of(m["val"])
+                    m.static_value_spec() if isinstance(m, LazyValueMeta)
+                    else tensor_static_spec(m["val"])
                 )
             if spec is None:
                 continue
             a = flat_args[u]
             if not isinstance(a, torch.Tensor):
                 raise CacheFormatError(f"cached input {c} is a tensor, the call's is not")
-            if spec != (tuple(a.shape), tuple(a.stride()), a.dtype) or rg != a.requires_grad:
+            if spec[:3] != (tuple(a.shape), tuple(a.stride()), a.dtype) or rg != a.requires_grad:
                 raise CacheFormatError(f"cached input {c} does not match the call's input {u}")
-
-
-def _spec_of(v: Any) -> tuple[tuple[int, ...], tuple[int, ...], torch.dtype] | None:
-    if not isinstance(v, torch.Tensor):
-        return None
-    return tuple(v.shape), tuple(v.stride()), v.dtype
 
 
 def fake_mode_of(fake: Sequence[Any]) -> FakeTensorMode:
