@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -132,3 +133,117 @@ def test_own_deferral_is_reentrant(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError), _deferred_without_dynamo():
         raise ValueError
     assert gc.get_threshold() == (700, 10, 10)
+
+
+# See Note [Collections paused while a cache entry is restored]
+
+
+def test_collection_pause_nests_resumes_once_and_keeps_a_users_setting() -> None:
+    from aotkit_capture._gc import CollectionPause
+
+    assert gc.isenabled()
+    with CollectionPause() as outer:
+        assert not gc.isenabled()
+        with CollectionPause() as inner:
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer pause is still active
+        outer.resume()
+        assert gc.isenabled()
+        outer.resume()  # idempotent: does not end a pause it does not own
+        assert gc.isenabled()
+        with CollectionPause():
+            inner.resume()  # already ended
+            assert not gc.isenabled()
+    assert gc.isenabled()
+    with pytest.raises(ValueError), CollectionPause():
+        raise ValueError
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with CollectionPause():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the user's collector stays off
+    finally:
+        gc.enable()
+
+
+def _gc_program(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(x @ w).sum(1)
+
+
+class _GcRecording:
+    """A compiler (by its cache key, the same across instances) that records whether the
+    collector was on when it ran."""
+
+    def __init__(self) -> None:
+        self.enabled: list[bool] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        self.enabled.append(gc.isenabled())
+        from aotkit_backends import nop
+
+        return nop(gm, example_inputs)
+
+
+def test_a_warm_hit_reads_the_entry_with_collections_paused_and_compiles_with_them_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import aotkit_capture._disk_cache_compile as dcc
+    from aotkit_capture import cache_counters
+    from aotkit_schemas import disk_cache_config, mark_cache_key
+
+    monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
+    monkeypatch.setattr(disk_cache_config, "enabled", True)
+    real_read = dcc.read_entry
+    reads: list[bool] = []
+
+    def read_entry(*args: Any, **kwargs: Any) -> Any:
+        reads.append(gc.isenabled())
+        return real_read(*args, **kwargs)
+
+    monkeypatch.setattr(dcc, "read_entry", read_entry)
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+    runs = []
+    for _ in range(2):
+        compiler = _GcRecording()
+        mark_cache_key(compiler, "test.gc_pause/1")
+        cache_counters.clear()
+        g = aot_function(_gc_program, compiler)
+        out = g(x, w)
+        out.sum().backward()
+        runs.append((compiler.enabled, dict(cache_counters), w.grad.clone()))
+        w.grad = None
+    (cold_on, cold_counters, cold_grad), (warm_on, warm_counters, warm_grad) = runs
+    assert cold_counters["store"] == 1 and warm_counters == {"hit": 1}
+    assert reads == [False]  # the warm hit read the entry with the collector off
+    assert cold_on == [True, True] and warm_on == [True, True]  # every compiler: on
+    assert gc.isenabled()
+    torch.testing.assert_close(warm_grad, cold_grad, rtol=0, atol=0)
+
+
+def test_a_rejected_entry_traces_with_collections_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import aotkit_capture._disk_cache_compile as dcc
+    from aotkit_capture import cache_counters
+    from aotkit_schemas import CacheFormatError, disk_cache_config, mark_cache_key
+
+    monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
+    monkeypatch.setattr(disk_cache_config, "enabled", True)
+    x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
+    compiler = _GcRecording()
+    mark_cache_key(compiler, "test.gc_pause/2")
+    aot_function(_gc_program, compiler)(x, w)
+
+    def damaged(*args: Any, **kwargs: Any) -> Any:
+        raise CacheFormatError("damaged")
+
+    monkeypatch.setattr(dcc, "read_entry", damaged)
+    compiler = _GcRecording()
+    mark_cache_key(compiler, "test.gc_pause/2")
+    cache_counters.clear()
+    out = aot_function(_gc_program, compiler)(x, w)
+    assert cache_counters["trace"] == 1 and "hit" not in cache_counters
+    assert compiler.enabled == [True] and gc.isenabled()
+    torch.testing.assert_close(out, _gc_program(x, w))

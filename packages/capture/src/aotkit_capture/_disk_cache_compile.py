@@ -45,7 +45,7 @@ from ._disk_cache_reach import (
 )
 from ._disk_cache_symbolic import bind_symbols, check_facts, install_guards, restored_guard
 from ._fakify import construct_fake_mode
-from ._gc import deferred_full_collections
+from ._gc import CollectionPause, deferred_full_collections
 from ._generators import check_no_created_generators, recording_generators
 from ._input_rebinds import InputRebindError, checking_input_rebinds
 from ._logs import log_restored_partition
@@ -108,7 +108,9 @@ def _compile_flat(
     # See Note [Refusing only the compilations that reach an unkeyable kernel]
     unkeyable = unkeyable_operators() if key is not None else {}
     if key is not None:
-        restored = _lookup(key, symbolic, flat_args, cfg, cache_sidecar, unkeyable)
+        # See Note [Collections paused while a cache entry is restored]
+        with CollectionPause() as pause:
+            restored = _lookup(key, symbolic, flat_args, cfg, cache_sidecar, unkeyable, pause)
         if restored is not None:
             cache_counters["hit"] += 1
             return restored
@@ -156,12 +158,13 @@ def _lookup(
     cfg: AOTConfig,
     sidecar: CacheSidecar | None,
     unkeyable: dict[str, str],
+    pause: CollectionPause,
 ) -> tuple[Runner, CompiledArtifacts] | None:
     if not symbolic:
         payload = cache_load(key)
         if payload is None or _refused(payload, unkeyable):
             return None
-        return _restore(key, payload, flat_args, cfg, sidecar)
+        return _restore(key, payload, flat_args, cfg, sidecar, pause)
     # See Note [Dynamic shapes in the on-disk cache]: the newest entry whose facts hold
     names = variants(key)
     if not names:
@@ -178,7 +181,7 @@ def _lookup(
         if not applies:
             cache_counters["guard_fail"] += 1
             continue
-        restored = _restore(name, payload, flat_args, cfg, sidecar)
+        restored = _restore(name, payload, flat_args, cfg, sidecar, pause)
         if restored is not None:
             return restored
     return None
@@ -203,6 +206,7 @@ def _restore(
     flat_args: Sequence[Any],
     cfg: AOTConfig,
     sidecar: CacheSidecar | None,
+    pause: CollectionPause,
 ) -> tuple[Runner, CompiledArtifacts] | None:
     """The compiled entry for a checksummed payload, or None (logged) when it does not
     check out against the inputs. See Note [On-disk compile cache]; an entry whose
@@ -214,10 +218,10 @@ def _restore(
         reject_payload(key, str(e))
         return None
     if not changes:
-        return _restore_entry(key, payload, flat_args, cfg, sidecar)
+        return _restore_entry(key, payload, flat_args, cfg, sidecar, pause)
     try:
         with temporarily_flipped(flat_args, changes):
-            restored = _restore_entry(key, payload, flat_args, cfg, sidecar)
+            restored = _restore_entry(key, payload, flat_args, cfg, sidecar, pause)
     except (RuntimeError, InputRebindError):  # eager's error for this input: the trace raises it
         return None
     if restored is None:
@@ -233,6 +237,7 @@ def _restore_entry(
     flat_args: Sequence[Any],
     cfg: AOTConfig,
     sidecar: CacheSidecar | None,
+    pause: CollectionPause,
 ) -> tuple[Runner, CompiledArtifacts] | None:
     symbolic = "shape" in payload
     fake_mode = detect_fake_mode(list(flat_args))
@@ -280,6 +285,9 @@ def _restore_entry(
         )
         if symbolic and own_mode:
             artifacts.guard = restored_guard(payload["shape"], layout)
+        # before any compiler runs: See Note [Collections paused while a cache entry is
+        # restored]
+        pause.resume()
         if entry.partition is not None:
             # a restored compilation logs torch's metadata line as a traced one does
             # (See Note [torch's aot_graphs metadata line])

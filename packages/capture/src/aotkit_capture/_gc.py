@@ -87,3 +87,59 @@ def _deferred_without_dynamo() -> Iterator[None]:
             if _depth == 0 and _saved is not None:
                 gc.set_threshold(*_saved)
                 _saved = None
+
+
+# Note [Collections paused while a cache entry is restored]
+# A warm hit of the on-disk cache (See Note [On-disk compile cache]) parses the entry's
+# JSON and rebuilds its graphs: thousands of lists, dicts, FX nodes and metadata objects,
+# all alive until the compiled entry is built, most for as long as it lives. CPython's
+# collector counts them as they are allocated and runs a young collection every 700 net
+# allocations, each of which walks every object allocated since the last one, and every
+# tenth a gen-1 collection that also walks the survivors of the last ten: on compare.py's
+# convnet a warm first call ran four collections, 1.5 ms of a 10 ms restore, and freed
+# nothing of the restore's objects. So the collector is off while aotkit reads and
+# rebuilds an entry (``collections_paused``), and back on before any compiler runs (a
+# compiler's work is not bounded by the entry: Inductor compiling on its own cache miss
+# allocates hundreds of thousands of objects, some of them garbage). What the restore
+# allocates is bounded by the entry's size; once the collector is back on, the next
+# allocation runs one young collection over all of it (the count kept going up), so no
+# garbage is kept beyond it. Pauses nest and may overlap across threads: the collector is
+# off while any pause is active, and the outermost one leaves it as it found it (a
+# collector the user turned off stays off).
+_pause_lock = threading.Lock()
+_pauses = 0
+_was_enabled = False
+
+
+class CollectionPause:
+    """The collector off from ``__enter__`` until ``resume()`` or ``__exit__``, whichever
+    comes first. See Note [Collections paused while a cache entry is restored]."""
+
+    __slots__ = ("_active",)
+
+    def __init__(self) -> None:
+        self._active = False
+
+    def __enter__(self) -> CollectionPause:
+        global _pauses, _was_enabled
+        with _pause_lock:
+            if _pauses == 0:
+                _was_enabled = gc.isenabled()
+                gc.disable()
+            _pauses += 1
+            self._active = True
+        return self
+
+    def resume(self) -> None:
+        """End this pause early (idempotent)."""
+        global _pauses
+        with _pause_lock:
+            if not self._active:
+                return
+            self._active = False
+            _pauses -= 1
+            if _pauses == 0 and _was_enabled:
+                gc.enable()
+
+    def __exit__(self, *exc: object) -> None:
+        self.resume()
