@@ -325,3 +325,48 @@ def test_inputs_are_dropped_only_by_a_stealing_graph_function() -> None:
     a, b = torch.randn(3), torch.randn(3)
     _assert_same(gm(a, b), plain(a, b))
     _assert_same(gm(a, b), stealing([a, b]))
+
+
+
+def _appending(x: torch.Tensor, items: list[int]) -> torch.Tensor:
+    items.append(1)  # changes its list argument: each call must get a fresh one
+    return x * len(items)
+
+
+def test_constant_lists_are_built_once_for_aten_calls_only() -> None:
+    """See Note [Graph functions]: constant lists an ATen binding or raw handle gets are
+    globals of the function, one per distinct value; any other callee gets a fresh literal
+    per call."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    total = graph.call_function(aten.sum.dim_IntList, (x, [0]))
+    peak = graph.call_function(aten.amax.default, (x, [0]))
+    grown = graph.call_function(_appending, (x, [1, 2]))
+    graph.output([total, peak, grown])
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    fn = graph_function(gm)
+    assert fn is not None
+    source: str = fn._aotkit_source  # type: ignore[attr-defined]
+    body = source.split("return")[0]
+    assert body.count("[") == 1 and "[1, 2]" in body  # only the Python function's
+    constants = [v for k, v in fn.__globals__.items() if k.startswith("_k")]
+    assert constants == [[0]]  # one list for both ATen calls
+    t = torch.randn(3, 4)
+    first, again = fn(t), fn(t)
+    _assert_same(first, again)  # _appending got a fresh [1, 2] on each call
+    _assert_same(gm(t), first)
+    assert torch.equal(first[2], t * 3) and constants == [[0]]
+
+
+def test_constants_of_other_types_are_other_constants() -> None:
+    from aotkit_backends._fast_graph import _Emitter
+
+    emit = _Emitter(torch.fx.GraphModule(torch.nn.Module(), torch.fx.Graph()))
+    ints, bools = emit.constant(list, [1, 0]), emit.constant(list, [True, False])
+    assert ints and bools and ints != bools
+    assert emit.constant(list, [1, 0]) == ints and emit.constant(tuple, (1, 0)) not in (ints, None)
+    assert emit.globals[bools] == [True, False] and type(emit.globals[bools][0]) is bool
+    assert emit.constant(list, [1.5, 2]) is not None
+    # not constants: strings, non-finite floats, nested lists, None
+    for items in (["a"], [float("inf")], [[1]], [None]):
+        assert emit.constant(list, items) is None

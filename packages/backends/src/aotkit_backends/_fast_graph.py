@@ -27,6 +27,14 @@
 #     ``= None`` would, with one statement less. ``compile()`` is most of the cost of
 #     making a graph function, and it grows with the statements (a warm start from the
 #     on-disk cache pays it on every graph);
+#   * a list or tuple argument of constants (``[1, 1]``, ``[True, True, False]``) that an
+#     ATen overload gets through its binding or raw handle is built once, when the
+#     function is made, and passed on every call (as a global of the function): the
+#     binding and the dispatcher read such an argument into their own array and never
+#     keep or change the Python object, and the literal's tokens were a tenth of
+#     ``compile()``'s work on a convolution's graphs. Any other callee (a Python kernel
+#     behind ``OpOverload.__call__``, ``operator.getitem``, a higher-order op) gets a
+#     fresh literal per call, as FX's code does;
 #   * with grad mode off, an addition that may write into its first operand does (See
 #     Note [In-place accumulation in graph functions]); that is the one change of op.
 # Graphs with features the generator does not handle (``call_module``/``call_method`` nodes,
@@ -150,6 +158,9 @@ def _callee(node: torch.fx.Node) -> Any:
     return target._op
 
 
+_CONSTANT_ITEMS = frozenset({bool, int, float})
+
+
 class _Unsupported(Exception):
     pass
 
@@ -161,6 +172,7 @@ class _Emitter:
         self.globals: dict[str, Any] = {"_gm": gm}
         self.names: dict[torch.fx.Node, str] = {}
         self._callees: dict[int, str] = {}
+        self._constants: dict[tuple[Any, ...], str] = {}
 
     def bind(self, value: Any, prefix: str = "_c") -> str:
         name = f"{prefix}{len(self.globals)}"
@@ -173,14 +185,31 @@ class _Emitter:
             name = self._callees[id(fn)] = self.bind(fn, "_f")
         return name
 
-    def arg(self, a: Any) -> str:
+    def constant(self, kind: type, items: Any) -> str | None:
+        """A global holding ``kind(items)`` when every item is a bool, int or finite
+        float, else None; one per distinct value (types included: ``[1]`` is not
+        ``[True]``). See Note [Graph functions]."""
+        typed = [(type(x), x) for x in items]
+        if not all(t in _CONSTANT_ITEMS and (t is not float or math.isfinite(x)) for t, x in typed):
+            return None
+        key = (kind, *typed)
+        name = self._constants.get(key)
+        if name is None:
+            name = self._constants[key] = self.bind(kind(items), "_k")
+        return name
+
+    def arg(self, a: Any, shared: bool = False) -> str:
         if isinstance(a, torch.fx.Node):
             return self.names[a]
         kind = type(a)
         if kind is tuple:
-            return "(" + "".join(self.arg(x) + ", " for x in a) + ")"
+            return (shared and self.constant(tuple, a)) or (
+                "(" + "".join(self.arg(x) + ", " for x in a) + ")"
+            )
         if kind is list or kind is immutable_list:
-            return "[" + ", ".join(self.arg(x) for x in a) + "]"
+            return (shared and self.constant(list, a)) or (
+                "[" + ", ".join(self.arg(x) for x in a) + "]"
+            )
         if kind is dict or kind is immutable_dict:
             return "{" + ", ".join(f"{k!r}: {self.arg(v)}" for k, v in a.items()) + "}"
         if kind is slice:
@@ -194,9 +223,12 @@ class _Emitter:
         return self.bind(a)
 
     def call(self, node: torch.fx.Node, callee: Any = None) -> str:
-        args = [self.arg(a) for a in node.args]
-        args += [f"{k}={self.arg(v)}" for k, v in node.kwargs.items()]
-        return f"{self.callee(callee or _callee(node))}({', '.join(args)})"
+        fn = callee or _callee(node)
+        # an ATen binding or raw handle: constant lists are shared (See Note [Graph functions])
+        shared = fn is not node.target
+        args = [self.arg(a, shared) for a in node.args]
+        args += [f"{k}={self.arg(v, shared)}" for k, v in node.kwargs.items()]
+        return f"{self.callee(fn)}({', '.join(args)})"
 
 
 _counter = itertools.count()
