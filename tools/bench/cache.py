@@ -9,7 +9,7 @@ survives in memory:
   uses an empty cache directory, a warm run the directory the cold run filled; an eager
   run (the model itself, no aotkit) in the same fresh-process shape takes its turn with
   them. Reported: the first forward + backward, and the AOT part of it, for BOTH cold and
-  warm: first call minus the median of three later calls (which run the same compiled
+  warm: first call minus the median of seven later calls (which run the same compiled
   code), minus eager PyTorch's own first-call extra (the eager run's first call minus its
   later ones: first kernel calls, the autograd engine's first run, lazy imports), which
   is not aotkit's work. The raw ratio (without that subtraction) is printed too. And
@@ -122,7 +122,9 @@ def _child_run(kind: str, model: str) -> dict[str, Any]:
     fn = build()
     first = clock() - t0 + step(fn)
     first_cpu = time.process_time() - c0
-    later = statistics.median(step(fn) for _ in range(3))
+    # seven: a convnet step moves by 5-10 ms from process to process and within one, and
+    # the AOT part is the difference of two step times
+    later = statistics.median(step(fn) for _ in range(7))
     result: dict[str, Any] = {"first": first, "later": later, "first_cpu": first_cpu}
     if kind == "aot":
         from aotkit_capture import cache_counters

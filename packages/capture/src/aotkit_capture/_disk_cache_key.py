@@ -142,13 +142,13 @@ class _Fingerprint:
     """Feeds a description of code objects, functions, modules and values into one hash."""
 
     def __init__(self) -> None:
-        self.h = hashlib.sha256()
+        # each part's repr, hashed once at the end (two hash updates per part cost a
+        # warm start's first key about 0.1 ms on compare.py's convnet)
+        self.parts: list[str] = []
         self.seen: dict[int, int] = {}
 
     def put(self, *parts: Any) -> None:
-        for p in parts:
-            self.h.update(repr(p).encode())
-            self.h.update(b"\x00")
+        self.parts.extend(map(repr, parts))
 
     def value(self, v: Any, depth: int = 0) -> None:
         if depth > _MAX_DEPTH:
@@ -293,7 +293,7 @@ class _Fingerprint:
                 self.put("attr", name, _tensor_value(attr, f"graph attribute {name}"))
 
     def hexdigest(self) -> str:
-        return self.h.hexdigest()
+        return hashlib.sha256("\x00".join(self.parts).encode()).hexdigest()
 
 
 def _tensor_value(t: torch.Tensor, what: str) -> tuple[Any, ...]:

@@ -38,7 +38,7 @@ from ._module_effects import ForwardEffects
 from ._module_structure import Rebuilding
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
-from ._reparametrize import distinct_slot_names, reparametrized
+from ._reparametrize import distinct_positions, reparametrized
 from ._tensor_attrs import (
     RETRY_LIMIT,
     TENSOR_ATTRIBUTES,
@@ -328,16 +328,20 @@ class _StateSlots:
     tensors with two dict lookups each (no ``named_parameters()`` walk, no pytree)."""
 
     def __init__(self, mod: nn.Module) -> None:
-        self.param_names = [n for n, _ in mod.named_parameters(remove_duplicate=False)]
-        self.buffer_names = [n for n, _ in mod.named_buffers(remove_duplicate=False)]
-        self.slots: list[tuple[dict[str, Any], str, str]] = []
-        for names, attr in ((self.param_names, "_parameters"), (self.buffer_names, "_buffers")):
-            for name in names:
-                prefix, _, leaf = name.rpartition(".")
-                owner: dict[str, Any] = getattr(mod.get_submodule(prefix), attr)
-                self.slots.append((owner, leaf, name))
+        # the names and order of ``named_parameters``/``named_buffers`` with
+        # ``remove_duplicate=False`` (every path to a submodule, None entries skipped), in
+        # one walk that keeps each entry's dict
+        params: list[tuple[dict[str, Any], str, str]] = []
+        buffers: list[tuple[dict[str, Any], str, str]] = []
+        for prefix, sub in mod.named_modules(remove_duplicate=False):
+            dot = f"{prefix}." if prefix else ""
+            for slots, owner in ((params, sub._parameters), (buffers, sub._buffers)):
+                slots.extend((owner, leaf, dot + leaf) for leaf, v in owner.items() if v is not None)
+        self.param_names = [name for _, _, name in params]
+        self.buffer_names = [name for _, _, name in buffers]
+        self.slots = params + buffers
         # See Note [A submodule reachable under two names]
-        self.distinct = distinct_slot_names(mod, [name for _, _, name in self.slots])
+        self.distinct = distinct_positions((owner, leaf) for owner, leaf, _ in self.slots)
 
     def __aotkit_fingerprint__(self) -> Any:
         """The slots' names; the module itself is fingerprinted separately."""

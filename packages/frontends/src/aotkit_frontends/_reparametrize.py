@@ -26,7 +26,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import torch.nn as nn
@@ -60,9 +60,13 @@ def distinct_slot_names(mod: nn.Module, names: Sequence[str]) -> list[int]:
     whose value torch's sequential swap leaves in place, so graphs read the same input).
 
     See Note [A submodule reachable under two names]."""
+    return distinct_positions(_slot(mod, name)[:2] for name in names)
+
+
+def distinct_positions(slots: Iterable[tuple[dict[str, Any], str]]) -> list[int]:
+    """``distinct_slot_names`` for slots given as (the dict holding it, its key)."""
     last: dict[tuple[int, str], int] = {}
-    for i, name in enumerate(names):
-        owner, leaf, _ = _slot(mod, name)
+    for i, (owner, leaf) in enumerate(slots):
         last[(id(owner), leaf)] = i
     return sorted(last.values())
 
