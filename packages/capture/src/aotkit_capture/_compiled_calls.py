@@ -36,7 +36,14 @@ from ._graph_facts import (
     static_tangent_like,
     tangent_dependencies,
 )
-from ._restored_fakes import DeferredExamples, examples_for, fake_mode_of, requires_grad_flags
+from ._restored_fakes import (
+    DeferredExamples,
+    RestoredFakes,
+    compile_fake_mode,
+    examples_for,
+    fake_mode_of,
+    requires_grad_flags,
+)
 from ._saved_strides import (
     Strides,
     reported_output_strides,
@@ -46,13 +53,26 @@ from ._saved_strides import (
 
 
 @contextlib.contextmanager
-def _tracing_context(fake_mode: FakeTensorMode, symbolic: bool) -> Any:
+def _tracing_context(fake_mode: FakeTensorMode | None, symbolic: bool) -> Any:
+    """Under ``fake_mode`` (None: no fake mode; See Note [A restored entry's fake mode made
+    when first needed]), the RNG state restored after."""
     rng = torch.get_rng_state()
     try:
-        with fake_mode, symbolic_dispatch(symbolic):  # See Note [Recurrent layers under the Python dispatcher]
+        with (
+            fake_mode if fake_mode is not None else contextlib.nullcontext(),
+            symbolic_dispatch(symbolic),  # See Note [Recurrent layers under the Python dispatcher]
+        ):
             yield
     finally:
         torch.set_rng_state(rng)
+
+
+def compiling_restored(fake: Sequence[Any], compiler: Any) -> Any:
+    """The context a restored entry's forward (or inference) compiler runs in, as a traced
+    compilation's does: under the entry's fake mode (See Note [A restored entry's fake mode
+    made when first needed]), the RNG state restored after."""
+    mode = compile_fake_mode(fake, compiler)
+    return _tracing_context(mode, mode is not None and mode.shape_env is not None)
 
 
 def inference_call(
@@ -123,8 +143,10 @@ def _backward_compiler(
             bw_example = DeferredExamples(backward_examples, len(inputs))
         else:
             bw_example = backward_examples()
-    fake_mode = fake_mode_of(fake)
-    symbolic = fake_mode.shape_env is not None
+    # See Note [A restored entry's fake mode made when first needed]: a restored entry's
+    # mode is looked up when the backward compiles; a traced one's now
+    restored = fake if isinstance(fake, RestoredFakes) else None
+    traced_mode = None if restored is not None else fake_mode_of(fake)
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
     # the compile's TracingContext (dynamo's), entered again for the backward: Inductor's
     # FX graph cache reads the ShapeEnv from it and bypasses the cache without one
@@ -140,6 +162,10 @@ def _backward_compiler(
             else contextlib.nullcontext()
         )
         no_amp = torch._C._DisableAutocast() if disable_amp else contextlib.nullcontext()
+        fake_mode = (
+            traced_mode if restored is None else compile_fake_mode(restored, cfg.bw_compiler)
+        )
+        symbolic = fake_mode is not None and fake_mode.shape_env is not None
         # See Note [Full collections deferred during a compile]
         with (
             deferred_full_collections(),

@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ._batch_norm_cma import cumulative_batch_norm
 from ._compile import CompiledArtifacts, Runner, compile_traced, finish
 from ._compile import _fakify as fakify_compiled
-from ._compiled_calls import inference_call, training_call
+from ._compiled_calls import compiling_restored, inference_call, training_call
 from ._disk_cache import cache_counters, reject_payload, variants
 from ._disk_cache import load as cache_load
 from ._disk_cache import store as cache_store
@@ -56,7 +56,7 @@ from ._requires_grad_changes import (
     flipping_runner,
     temporarily_flipped,
 )
-from ._restore_fake_mode import restore_fake_mode
+from ._restore_fake_mode import DeferredFakeMode, FakeModeLike
 from ._restored_fakes import RestoredFakes
 from ._trace import FlatFn
 from ._trace_scope import new_compilation
@@ -247,8 +247,9 @@ def _restore_entry(
         env = None
         if symbolic:
             fake_mode, fake, env = _symbolic_inputs(payload["shape"], flat_args, cfg)
-        # See Note [A restored entry's fake mode]
-        restored_mode = fake_mode or restore_fake_mode()
+        # See Note [A restored entry's fake mode] and Note [A restored entry's fake mode
+        # made when first needed]
+        restored_mode = fake_mode or DeferredFakeMode()
         entry = read_entry(payload, restored_mode, env)
         graphs = compiled_graphs(entry)
         apply_artifact_keys(payload, graphs)  # See Note [Compiled-artifact keys]
@@ -295,13 +296,15 @@ def _restore_entry(
             artifacts.partition = entry.partition
             artifacts.fw_module = entry.partition.fw_module
             artifacts.bw_module = entry.partition.bw_module
-            call = training_call(
-                entry.partition, fake, meta, cfg, entry.stale_tangents,
-                entry.backward_mutated_inputs,
-            )
+            with compiling_restored(fake, cfg.fw_compiler):
+                call = training_call(
+                    entry.partition, fake, meta, cfg, entry.stale_tangents,
+                    entry.backward_mutated_inputs,
+                )
         else:
             artifacts.inference_module = entry.inference
-            call = inference_call(graph, fake, meta, cfg)
+            with compiling_restored(fake, cfg.inference_compiler or cfg.fw_compiler):
+                call = inference_call(graph, fake, meta, cfg)
     except Exception as e:  # any failure to rebuild means: compile again
         reject_payload(key, f"{type(e).__name__}: {e}")
         return None
@@ -338,7 +341,7 @@ def _use_fakes(graph: torch.fx.GraphModule, fake: Sequence[Any], meta: Any) -> N
 
 
 def _compiled_fakes(
-    graph: torch.fx.GraphModule, meta: Any, n_inputs: int, fake_mode: FakeTensorMode
+    graph: torch.fx.GraphModule, meta: Any, n_inputs: int, fake_mode: FakeModeLike
 ) -> RestoredFakes:
     """Fakes of the compiled inputs, as a fresh compilation has them, built when first
     read (See Note [Restored inputs' fakes built when read])."""

@@ -21,7 +21,6 @@ from aotkit_schemas import (
     meta_to_json,
 )
 from torch._guards import detect_fake_mode
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._disk_cache import cache_counters
 from ._disk_cache_artifacts import FIELD as ARTIFACT_KEYS
@@ -31,6 +30,7 @@ from ._disk_cache_hops import tokens_from_json, tokens_to_json
 from ._disk_cache_key import Uncacheable, entry_key
 from ._disk_cache_symbolic import SymbolicForm
 from ._disk_cache_values import PY_SCALAR, LazyValueMeta
+from ._restore_fake_mode import FakeModeLike
 
 if TYPE_CHECKING:
     from ._compile import CompiledArtifacts
@@ -168,7 +168,7 @@ class CachedEntry:
 
 
 def read_entry(
-    payload: dict[str, Any], fake_mode: FakeTensorMode, env: dict[str, Any] | None = None
+    payload: dict[str, Any], fake_mode: FakeModeLike, env: dict[str, Any] | None = None
 ) -> CachedEntry:
     """Check and rebuild a payload; raises CacheFormatError (or the constructors' errors).
     ``env``: the symbols of a symbolic entry (See Note [Dynamic shapes in the on-disk

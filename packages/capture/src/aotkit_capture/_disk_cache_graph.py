@@ -41,7 +41,6 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_schemas import CacheFormatError, TensorSpec, dtype_from_name, dtype_name
-from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
 from ._disk_cache_constants import attach_constants, constants_to_json
@@ -60,6 +59,7 @@ from ._disk_cache_stamps import output_stamp_from_json, output_stamp_to_json
 from ._disk_cache_symbolic import SymbolicForm
 from ._disk_cache_value_table import ValueTable, ValueTableWriter
 from ._disk_cache_values import add_node, parse_device, put_meta
+from ._restore_fake_mode import FakeModeLike
 
 _PY_TARGETS: dict[str, Callable[..., Any]] = {
     f"operator.{name}": getattr(operator, name)
@@ -286,7 +286,7 @@ _EXTRAS = {"placeholder": frozenset({"static"}), "output": frozenset({"user_visi
 
 
 def graph_from_json(
-    d: Any, fake_mode: FakeTensorMode, symbols: dict[str, Any] | None = None
+    d: Any, fake_mode: FakeModeLike, symbols: dict[str, Any] | None = None
 ) -> torch.fx.GraphModule:
     """The GraphModule ``graph_to_json`` described; node values become fakes in
     ``fake_mode``, symbolic sizes are evaluated with ``symbols``. Raises CacheFormatError

@@ -44,9 +44,9 @@ import torch
 import torch.fx
 from aotkit_schemas import CacheFormatError, TensorSpec, ViewAndMutationMeta
 from torch._library.effects import EffectType
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._disk_cache_key import Uncacheable
+from ._restore_fake_mode import FakeModeLike, resolve_fake_mode
 
 _HOPS = frozenset({
     "cond", "while_loop", "invoke_subgraph", "map_impl", "scan", "associative_scan",
@@ -274,7 +274,7 @@ def tokens_to_json(meta: ViewAndMutationMeta) -> dict[str, Any] | None:
 
 
 def tokens_from_json(
-    meta: ViewAndMutationMeta, d: Any, fake_mode: FakeTensorMode
+    meta: ViewAndMutationMeta, d: Any, fake_mode: FakeModeLike
 ) -> ViewAndMutationMeta:
     """``meta`` with the stored effect tokens. Raises CacheFormatError."""
     if d is None:
@@ -290,6 +290,8 @@ def tokens_from_json(
         or backward < 0
     ):
         raise CacheFormatError("bad effect tokens")
-    with fake_mode:
-        tokens = {EffectType[n]: torch.empty(0) for n in names}
+    tokens = {}
+    if names:  # See Note [A restored entry's fake mode made when first needed]
+        with resolve_fake_mode(fake_mode):
+            tokens = {EffectType[n]: torch.empty(0) for n in names}
     return dataclasses.replace(meta, tokens=tokens, num_backward_tokens=backward)

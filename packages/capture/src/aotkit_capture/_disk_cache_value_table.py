@@ -30,6 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._disk_cache_symbolic import eval_tree
 from ._disk_cache_values import LazyValueMeta, StaticTensor, build_recipe, set_meta, static_recipe
+from ._restore_fake_mode import FakeModeLike, resolve_fake_mode
 
 
 class ValueTableWriter:
@@ -56,7 +57,7 @@ class ValueTable:
     __slots__ = ("raw", "recipes", "builders", "fake_mode", "symbols")
 
     def __init__(
-        self, raw: Any, fake_mode: FakeTensorMode, symbols: dict[str, Any] | None
+        self, raw: Any, fake_mode: FakeModeLike, symbols: dict[str, Any] | None
     ) -> None:
         if not isinstance(raw, list):
             raise CacheFormatError("a graph's value table must be a list")
@@ -80,7 +81,8 @@ class ValueTable:
         i = self.index(i, node.name)
         build = self.builders[i]
         if build is None:
-            node.meta["val"] = value_from_json(self.raw[i], self.fake_mode, self.symbols)
+            mode = resolve_fake_mode(self.fake_mode)
+            node.meta["val"] = value_from_json(self.raw[i], mode, self.symbols)
         else:
             set_meta(node, LazyValueMeta(build, self.recipes[i]))
 

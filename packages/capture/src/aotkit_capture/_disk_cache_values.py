@@ -49,6 +49,8 @@ from aotkit_schemas import CacheFormatError, StaticSpec, dtype_from_name, tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ._restore_fake_mode import FakeModeLike, resolve_fake_mode
+
 _DEVICES: dict[str, torch.device] = {}
 _MAX_STORAGE = 2**62
 
@@ -134,7 +136,7 @@ def static_recipe(d: Any) -> Any:
     raise CacheFormatError("bad node value")
 
 
-def build_recipe(recipe: Any, fake_mode: FakeTensorMode) -> Any:
+def build_recipe(recipe: Any, fake_mode: FakeModeLike) -> Any:
     """The value ``recipe`` describes, the same wherever it is first read: outside any
     dispatch or torch-function mode the reader runs under (a functionalization, proxy or
     fake mode of a compiler's pass, a user's mode) and outside inference mode."""
@@ -146,8 +148,8 @@ def build_recipe(recipe: Any, fake_mode: FakeTensorMode) -> Any:
         with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.inference_mode(
             False
         ):
-            return _build(recipe, fake_mode)
-    return _build(recipe, fake_mode)
+            return _build(recipe, resolve_fake_mode(fake_mode))
+    return _build(recipe, resolve_fake_mode(fake_mode))
 
 
 def _build(recipe: Any, fake_mode: FakeTensorMode) -> Any:

@@ -75,3 +75,53 @@ def restore_fake_mode() -> FakeTensorMode:
             return FakeTensorMode()
         finally:
             setattr(_fake_tensor_module, _ATTR, traceback)
+
+
+# Note [A restored entry's fake mode made when first needed]
+# Constructing a FakeTensorMode imports ``torch._dynamo`` (its constructor reads
+# ``torch._dynamo.config``), and with it Inductor and sympy: about a second in a process
+# that has not imported them, which is every process that uses only ``aot_function`` or
+# ``aot_module``. A cold compilation needs the mode (it traces with fake tensors); a warm hit
+# needs one only when something reads a fake value: a node value built (See Note [Lazy node
+# values of restored graphs]), the compiled inputs' fakes built (See Note [Restored inputs'
+# fakes built when read]), effect tokens, symbolic sizes, or a compiler run under it. So a
+# warm hit without an ambient fake mode gets a ``DeferredFakeMode`` that constructs the
+# entry's mode (``restore_fake_mode``) the first time any of these asks for it, and is that
+# one mode from then on. A warm hit of aotkit's ``nop`` reads none of them: its restore, its
+# forward and backward compiles and its calls never construct a fake mode, and a warm start
+# of a plain ``aot_function`` program imports no ``torch._dynamo`` (0.9 s -> 15 ms for its
+# first call). The backward's compile runs under the entry's fake mode (as a traced
+# compilation's does) unless the mode was never made and the backward compiler is marked as
+# reading only the graph and never its examples (See Note [Compilers that read only the
+# graph] and Note [Compilers that ignore their example inputs] in aotkit_schemas): such a
+# compiler has no fake value to compute with, and the restore's forward compile runs
+# without the mode as well.
+class DeferredFakeMode:
+    """A restored entry's fake mode, constructed at the first ``get()``. See Note [A
+    restored entry's fake mode made when first needed]."""
+
+    __slots__ = ("_mode", "_lock")
+
+    def __init__(self) -> None:
+        self._mode: FakeTensorMode | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def made(self) -> bool:
+        return self._mode is not None
+
+    def get(self) -> FakeTensorMode:
+        if self._mode is None:
+            with self._lock:
+                if self._mode is None:
+                    self._mode = restore_fake_mode()
+        return self._mode
+
+
+# a fake mode, or one made when first needed
+FakeModeLike = FakeTensorMode | DeferredFakeMode
+
+
+def resolve_fake_mode(mode: FakeModeLike) -> FakeTensorMode:
+    """The fake mode itself (made now if deferred)."""
+    return mode.get() if isinstance(mode, DeferredFakeMode) else mode

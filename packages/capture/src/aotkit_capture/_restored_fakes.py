@@ -29,11 +29,17 @@ from typing import Any
 
 import torch
 from aotkit_analysis import InputLayout
-from aotkit_schemas import CacheFormatError, example_inputs_unused, tensor_static_spec
+from aotkit_schemas import (
+    CacheFormatError,
+    example_inputs_unused,
+    reads_graph_only,
+    tensor_static_spec,
+)
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._disk_cache_values import LazyValueMeta, StaticTensor
+from ._restore_fake_mode import DeferredFakeMode, FakeModeLike, resolve_fake_mode
 
 
 class DeferredExamples(Sequence[Any]):
@@ -68,7 +74,7 @@ class RestoredFakes(DeferredExamples):
 
     def __init__(
         self, metas: list[dict[str, Any]], input_requires_grad: Sequence[bool],
-        fake_mode: FakeTensorMode,
+        fake_mode: FakeModeLike,
     ) -> None:
         flags = []
         for m, rg in zip(metas, input_requires_grad, strict=True):
@@ -82,10 +88,20 @@ class RestoredFakes(DeferredExamples):
             if recipe_rg and not rg:
                 raise CacheFormatError("a cached input requires grad against the metadata")
             flags.append(is_tensor and rg)
-        self.fake_mode = fake_mode
+        self._mode = fake_mode
         self.requires_grad: tuple[bool, ...] = tuple(flags)
         self._metas: list[dict[str, Any]] | None = metas
         super().__init__(self._build, len(flags))
+
+    @property
+    def fake_mode(self) -> FakeTensorMode:
+        """The entry's fake mode (made now if it was not yet: See Note [A restored entry's
+        fake mode made when first needed])."""
+        return resolve_fake_mode(self._mode)
+
+    @property
+    def fake_mode_made(self) -> bool:
+        return not isinstance(self._mode, DeferredFakeMode) or self._mode.made
 
     def _build(self) -> list[Any]:
         metas, self._metas = self._metas, None
@@ -132,6 +148,20 @@ def fake_mode_of(fake: Sequence[Any]) -> FakeTensorMode:
     if isinstance(fake, RestoredFakes):
         return fake.fake_mode
     return detect_fake_mode(list(fake)) or FakeTensorMode()
+
+
+def compile_fake_mode(fake: Sequence[Any], compiler: Any) -> FakeTensorMode | None:
+    """The fake mode ``compiler`` compiles under: the inputs' fakes' mode, or None for a
+    restored entry whose mode was never made when the compiler reads only its graph (See
+    Note [A restored entry's fake mode made when first needed])."""
+    if (
+        isinstance(fake, RestoredFakes)
+        and not fake.fake_mode_made
+        and reads_graph_only(compiler)
+        and example_inputs_unused(compiler)
+    ):
+        return None
+    return fake_mode_of(fake)
 
 
 def requires_grad_flags(fake: Sequence[Any]) -> Sequence[bool]:

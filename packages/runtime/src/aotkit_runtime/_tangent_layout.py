@@ -52,7 +52,16 @@ def _memory_format(t: torch.Tensor) -> torch.memory_format:
 
 
 def _contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
-    return tuple(torch._prims_common.make_contiguous_strides_for(tuple(size))) if size else ()
+    """``torch._prims_common.make_contiguous_strides_for`` for int sizes (a dimension of
+    size 0 or 1 counts as 1), without its ``torch._check`` of each size: that imports
+    sympy the first time, 0.25 s of a warm start that traces nothing (See Note [A restored
+    entry's fake mode made when first needed] in aotkit_capture)."""
+    strides = []
+    step = 1
+    for d in reversed(size):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
 
 
 def coerce_tangent_layout(t: torch.Tensor, layout: TangentLayout | None) -> torch.Tensor:
