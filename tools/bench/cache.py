@@ -1,8 +1,9 @@
 """On-disk compile cache: first-call time of a fresh process, cold cache against warm.
 
-Two measurements, each in fresh processes (``python cache.py --child ...``), so imports
-and process start are outside the timed region but nothing of an earlier compilation
-survives in memory:
+Three measurements, each in fresh processes (``python cache.py --child ...``), so process
+start is outside the timed region and nothing of an earlier compilation survives in
+memory; ``aot`` and ``compile`` import torch's AOTAutograd (and with it ``torch._dynamo``)
+before they time, ``plain`` does not:
 
 * ``aot``: for each model of ``compare.py`` (mlp, transformer, convnet, pointwise),
   ``aot_module``/``aot_function`` with aotkit's ``nop`` and ``AOTKIT_CACHE=1``. A cold run
@@ -20,6 +21,13 @@ survives in memory:
   the difference of two noisy step times in the AOT part (on convnet, steps vary by 5-10
   ms from process to process against a warm AOT part of 10-20 ms); ``inside`` does not.
   Target: warm AOT part <= 0.1x cold.
+* ``plain``: the same ``aot_module``/``aot_function`` + ``nop`` programs in a process
+  that imported only torch, aotkit and the model (no ``torch._dynamo``, no sympy, as a
+  script using aotkit without torch.compile), cold against warm: the CPU time of the
+  first forward + backward including whatever it imports on the way (a cold compile's
+  fake tensors import ``torch._dynamo``, about a second; a warm hit of nop imports
+  nothing: See Note [A restored entry's fake mode made when first needed] in
+  aotkit_capture). Also reported: whether the warm processes imported ``torch._dynamo``.
 * ``compile``: end to end, ``torch.compile(model)`` first forward + backward, with
   ``backend="aotkit_inductor"`` (aotkit's disk cache + Inductor's FX graph cache) against
   torch's ``backend="inductor"`` with its FX graph cache and AOTAutogradCache on. Cold:
@@ -69,6 +77,10 @@ def _child_run(kind: str, model: str) -> dict[str, Any]:
     import torch
     from compare import MODELS
 
+    if kind != "plain":
+        # what compare.py imported at its top until session 20 (torch's AOTAutograd, and
+        # with it torch._dynamo and sympy): imports stay out of the timed region
+        import torch._functorch.aot_autograd  # noqa: F401
     torch.manual_seed(0)
     torch.set_num_threads(1)
     w = MODELS[model]()
@@ -77,7 +89,7 @@ def _child_run(kind: str, model: str) -> dict[str, Any]:
         def build() -> Any:
             return w.target
 
-    elif kind == "aot":
+    elif kind in ("aot", "plain"):
         import aotkit_backends
         import aotkit_frontends
 
@@ -109,7 +121,7 @@ def _child_run(kind: str, model: str) -> dict[str, Any]:
     # the aot part is timed in CPU time of this process (the machine is shared: wall time
     # there counts the time other processes held the cores); torch.compile end to end in
     # wall time, since Inductor compiles in worker processes
-    clock = time.process_time if kind in ("aot", "eager") else time.perf_counter
+    clock = time.process_time if kind in ("aot", "plain", "eager") else time.perf_counter
 
     def step(fn: Any) -> float:
         for t in w.grad_leaves:
@@ -126,11 +138,12 @@ def _child_run(kind: str, model: str) -> dict[str, Any]:
     # the AOT part is the difference of two step times
     later = statistics.median(step(fn) for _ in range(7))
     result: dict[str, Any] = {"first": first, "later": later, "first_cpu": first_cpu}
-    if kind == "aot":
+    if kind in ("aot", "plain"):
         from aotkit_capture import cache_counters
 
         result["counters"] = dict(cache_counters)
         result["inside"] = inside[0]
+        result["dynamo"] = "torch._dynamo" in sys.modules
     elif kind != "eager":
         from aotkit_capture import cache_counters
         from torch._dynamo.utils import counters
@@ -189,7 +202,7 @@ def _run(kind: str, model: str, env: dict[str, str], profile: str | None = None)
 
 
 def _cold_warm(
-    kind: str, model: str, reps: int
+    kind: str, model: str, reps: int, eager: bool = True
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     cold, warm, eager = [], [], []
     for _ in range(reps):
@@ -203,7 +216,8 @@ def _cold_warm(
             }
             cold.append(_run(kind, model, env))
             warm.append(_run(kind, model, env))
-            eager.append(_run("eager", model, env))
+            if eager:
+                eager.append(_run("eager", model, env))
     return cold, warm, eager
 
 
@@ -236,6 +250,20 @@ def _compile_cold_warm(
     return out
 
 
+def _plain(models: list[str], reps: int) -> None:
+    """The ``plain`` part: see the module docstring."""
+    print("\nplain process (torch and aotkit imported, nothing else): first forward+backward "
+          "CPU seconds, the imports it triggers included")
+    print(f"{'model':<12} {'cold':>8} {'warm':>8} {'ratio':>8}  warm imported torch._dynamo")
+    for model in models:
+        cold, warm, _ = _cold_warm("plain", model, reps, eager=False)
+        if any("hit" not in r["counters"] or "trace" in r["counters"] for r in warm):
+            print(f"  warning: {model} warm run traced: {[r['counters'] for r in warm]}")
+        c, w = _med(cold, "first"), _med(warm, "first")
+        dynamo = sorted({r["dynamo"] for r in warm})
+        print(f"{model:<12} {c:>8.3f} {w:>8.3f} {w / c:>8.3f}  {dynamo}")
+
+
 def _med(runs: list[dict[str, Any]], field: str) -> float:
     return statistics.median(r[field] for r in runs)
 
@@ -255,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm-reps", type=int, default=3, help="warm runs per cold run and backend")
     ap.add_argument("--skip-compile", action="store_true")
     ap.add_argument("--skip-aot", action="store_true")
+    ap.add_argument("--skip-plain", action="store_true")
     args = ap.parse_args(argv)
     if args.child:
         print(json.dumps(_child(*args.child)))
@@ -282,6 +311,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{w_raw / c_raw:>9.3f} {_med(cold, 'inside'):>8.3f} {_med(warm, 'inside'):>8.3f} "
             f"{_med(warm, 'inside') / _med(cold, 'inside'):>8.3f}"
         )
+    if not args.skip_plain:
+        _plain(args.models.split(","), args.reps)
     if args.skip_compile:
         return 0
     if args.profile:

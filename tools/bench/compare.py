@@ -44,10 +44,8 @@ from typing import Any, Literal
 import aotkit_backends
 import aotkit_frontends
 import torch
-import torch._functorch.aot_autograd as torch_aot
 import torch.nn as nn
 import torch.nn.functional as F
-from torch._functorch.compilers import nop as torch_nop
 
 Impl = Literal["eager", "torch", "aotkit"]
 COMPILED: tuple[Impl, Impl] = ("torch", "aotkit")
@@ -127,6 +125,11 @@ def compile_with(impl: Impl, target: nn.Module | Callable[..., Any]) -> Callable
     """A fresh compiled wrapper of ``target`` (``target`` itself for eager)."""
     if impl == "eager":
         return target
+    # torch's AOTAutograd imports torch._dynamo: imported only when asked for, so that
+    # cache.py's plain-process runs can build these models without it
+    import torch._functorch.aot_autograd as torch_aot
+    from torch._functorch.compilers import nop as torch_nop
+
     if isinstance(target, nn.Module):
         if impl == "torch":
             return torch_aot.aot_module(target, torch_nop)
