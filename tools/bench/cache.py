@@ -202,7 +202,7 @@ def _run(kind: str, model: str, env: dict[str, str], profile: str | None = None)
 
 
 def _cold_warm(
-    kind: str, model: str, reps: int, eager: bool = True
+    kind: str, model: str, reps: int, with_eager: bool = True
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
     cold, warm, eager = [], [], []
     for _ in range(reps):
@@ -216,7 +216,7 @@ def _cold_warm(
             }
             cold.append(_run(kind, model, env))
             warm.append(_run(kind, model, env))
-            if eager:
+            if with_eager:
                 eager.append(_run("eager", model, env))
     return cold, warm, eager
 
@@ -256,7 +256,7 @@ def _plain(models: list[str], reps: int) -> None:
           "CPU seconds, the imports it triggers included")
     print(f"{'model':<12} {'cold':>8} {'warm':>8} {'ratio':>8}  warm imported torch._dynamo")
     for model in models:
-        cold, warm, _ = _cold_warm("plain", model, reps, eager=False)
+        cold, warm, _ = _cold_warm("plain", model, reps, with_eager=False)
         if any("hit" not in r["counters"] or "trace" in r["counters"] for r in warm):
             print(f"  warning: {model} warm run traced: {[r['counters'] for r in warm]}")
         c, w = _med(cold, "first"), _med(warm, "first")
