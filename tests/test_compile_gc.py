@@ -186,14 +186,12 @@ class _GcRecording:
 
 
 def test_a_warm_hit_reads_the_entry_with_collections_paused_and_compiles_with_them_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    disk_cache_on: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import aotkit_capture._disk_cache_compile as dcc
     from aotkit_capture import cache_counters
-    from aotkit_schemas import disk_cache_config, mark_cache_key
+    from aotkit_schemas import mark_cache_key
 
-    monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
-    monkeypatch.setattr(disk_cache_config, "enabled", True)
     real_read = dcc.read_entry
     reads: list[bool] = []
 
@@ -223,14 +221,12 @@ def test_a_warm_hit_reads_the_entry_with_collections_paused_and_compiles_with_th
 
 
 def test_a_rejected_entry_traces_with_collections_on(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    disk_cache_on: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import aotkit_capture._disk_cache_compile as dcc
     from aotkit_capture import cache_counters
-    from aotkit_schemas import CacheFormatError, disk_cache_config, mark_cache_key
+    from aotkit_schemas import CacheFormatError, mark_cache_key
 
-    monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
-    monkeypatch.setattr(disk_cache_config, "enabled", True)
     x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
     compiler = _GcRecording()
     mark_cache_key(compiler, "test.gc_pause/2")

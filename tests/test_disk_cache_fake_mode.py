@@ -94,14 +94,11 @@ def _program(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("graph_only", [True, False])
 def test_the_backward_compiles_under_the_fake_mode_unless_nothing_made_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, graph_only: bool
+    disk_cache_on: Path, graph_only: bool
 ) -> None:
     import aotkit
     from aotkit_capture import cache_counters
-    from aotkit_schemas import disk_cache_config
 
-    monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
-    monkeypatch.setattr(disk_cache_config, "enabled", True)
     x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
     grads = []
     for run in ("cold", "warm"):
@@ -127,14 +124,11 @@ def test_the_backward_compiles_under_the_fake_mode_unless_nothing_made_it(
 
 
 def test_a_value_read_after_the_hit_is_made_in_one_mode(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    disk_cache_on: Path
 ) -> None:
     import aotkit
     from aotkit_capture import cache_counters
-    from aotkit_schemas import disk_cache_config
 
-    monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
-    monkeypatch.setattr(disk_cache_config, "enabled", True)
     x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
     cold = aotkit.aot_function(_program, aotkit.nop)
     cold(x, w)
