@@ -32,7 +32,11 @@
 #     function is made, and passed on every call (as a global of the function): the
 #     binding and the dispatcher read such an argument into their own array and never
 #     keep or change the Python object, and the literal's tokens were a tenth of
-#     ``compile()``'s work on a convolution's graphs. Any other callee (a Python kernel
+#     ``compile()``'s work on a convolution's graphs. (A ``__torch_function__`` override
+#     of an input's type is handed the shared object; one that changed an argument list in
+#     place would change it for later calls. torch's own overrides never write to their
+#     arguments; a ``__torch_dispatch__`` one gets a fresh list from the dispatcher.) Any
+#     other callee (a Python kernel
 #     behind ``OpOverload.__call__``, ``operator.getitem``, a higher-order op) gets a
 #     fresh literal per call, as FX's code does;
 #   * with grad mode off, an addition that may write into its first operand does (See

@@ -38,10 +38,8 @@ from ._graph_facts import (
 )
 from ._restored_fakes import (
     DeferredExamples,
-    RestoredFakes,
     compile_fake_mode,
     examples_for,
-    fake_mode_of,
     requires_grad_flags,
 )
 from ._saved_strides import (
@@ -67,10 +65,10 @@ def _tracing_context(fake_mode: FakeTensorMode | None, symbolic: bool) -> Any:
         torch.set_rng_state(rng)
 
 
-def compiling_restored(fake: Sequence[Any], compiler: Any) -> Any:
-    """The context a restored entry's forward (or inference) compiler runs in, as a traced
-    compilation's does: under the entry's fake mode (See Note [A restored entry's fake mode
-    made when first needed]), the RNG state restored after."""
+def compiling_under_fakes(fake: Sequence[Any], compiler: Any) -> Any:
+    """The context ``compiler`` runs in for a graph whose inputs' fakes are ``fake``: their
+    fake mode (for a restored entry, none when the compiler needs none: See Note [A
+    restored entry's fake mode made when first needed]), the RNG state restored after."""
     mode = compile_fake_mode(fake, compiler)
     return _tracing_context(mode, mode is not None and mode.shape_env is not None)
 
@@ -143,10 +141,6 @@ def _backward_compiler(
             bw_example = DeferredExamples(backward_examples, len(inputs))
         else:
             bw_example = backward_examples()
-    # See Note [A restored entry's fake mode made when first needed]: a restored entry's
-    # mode is looked up when the backward compiles; a traced one's now
-    restored = fake if isinstance(fake, RestoredFakes) else None
-    traced_mode = None if restored is not None else fake_mode_of(fake)
     disable_amp = autocast_at_compile()  # See Note [Compiled graphs run without autocast]
     # the compile's TracingContext (dynamo's), entered again for the backward: Inductor's
     # FX graph cache reads the ShapeEnv from it and bypasses the cache without one
@@ -162,15 +156,12 @@ def _backward_compiler(
             else contextlib.nullcontext()
         )
         no_amp = torch._C._DisableAutocast() if disable_amp else contextlib.nullcontext()
-        fake_mode = (
-            traced_mode if restored is None else compile_fake_mode(restored, cfg.bw_compiler)
-        )
-        symbolic = fake_mode is not None and fake_mode.shape_env is not None
         # See Note [Full collections deferred during a compile]
         with (
             deferred_full_collections(),
             context,
-            _tracing_context(fake_mode, symbolic),
+            # looked up now: See Note [A restored entry's fake mode made when first needed]
+            compiling_under_fakes(fake, cfg.bw_compiler),
             track_graph_compiling(cfg, "backward"),
         ):
             # See Note [Donated buffers reused by the backward's compiler] in aotkit_schemas

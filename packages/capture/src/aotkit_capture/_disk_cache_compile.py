@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ._batch_norm_cma import cumulative_batch_norm
 from ._compile import CompiledArtifacts, Runner, compile_traced, finish
 from ._compile import _fakify as fakify_compiled
-from ._compiled_calls import compiling_restored, inference_call, training_call
+from ._compiled_calls import compiling_under_fakes, inference_call, training_call
 from ._disk_cache import cache_counters, reject_payload, variants
 from ._disk_cache import load as cache_load
 from ._disk_cache import store as cache_store
@@ -296,14 +296,14 @@ def _restore_entry(
             artifacts.partition = entry.partition
             artifacts.fw_module = entry.partition.fw_module
             artifacts.bw_module = entry.partition.bw_module
-            with compiling_restored(fake, cfg.fw_compiler):
+            with compiling_under_fakes(fake, cfg.fw_compiler):
                 call = training_call(
                     entry.partition, fake, meta, cfg, entry.stale_tangents,
                     entry.backward_mutated_inputs,
                 )
         else:
             artifacts.inference_module = entry.inference
-            with compiling_restored(fake, cfg.inference_compiler or cfg.fw_compiler):
+            with compiling_under_fakes(fake, cfg.inference_compiler or cfg.fw_compiler):
                 call = inference_call(graph, fake, meta, cfg)
     except Exception as e:  # any failure to rebuild means: compile again
         reject_payload(key, f"{type(e).__name__}: {e}")

@@ -98,7 +98,7 @@ def _deferred_without_dynamo() -> Iterator[None]:
 # tenth a gen-1 collection that also walks the survivors of the last ten: on compare.py's
 # convnet a warm first call ran four collections, 1.5 ms of a 10 ms restore, and freed
 # nothing of the restore's objects. So the collector is off while aotkit reads and
-# rebuilds an entry (``collections_paused``), and back on before any compiler runs (a
+# rebuilds an entry (``CollectionPause``), and back on before any compiler runs (a
 # compiler's work is not bounded by the entry: Inductor compiling on its own cache miss
 # allocates hundreds of thousands of objects, some of them garbage). What the restore
 # allocates is bounded by the entry's size; once the collector is back on, the next

@@ -89,13 +89,14 @@ def restore_fake_mode() -> FakeTensorMode:
 # entry's mode (``restore_fake_mode``) the first time any of these asks for it, and is that
 # one mode from then on. A warm hit of aotkit's ``nop`` reads none of them: its restore, its
 # forward and backward compiles and its calls never construct a fake mode, and a warm start
-# of a plain ``aot_function`` program imports no ``torch._dynamo`` (0.9 s -> 15 ms for its
-# first call). The backward's compile runs under the entry's fake mode (as a traced
-# compilation's does) unless the mode was never made and the backward compiler is marked as
-# reading only the graph and never its examples (See Note [Compilers that read only the
-# graph] and Note [Compilers that ignore their example inputs] in aotkit_schemas): such a
-# compiler has no fake value to compute with, and the restore's forward compile runs
-# without the mode as well.
+# of a plain ``aot_function`` program imports no ``torch._dynamo`` (0.9 s -> 7 ms for its
+# first call). Each compiler of a restored entry runs under the entry's fake mode (as a
+# traced compilation's do; ``compiling_under_fakes``) unless the mode was never made and
+# the compiler is marked as reading only the graph and never its examples (See Note
+# [Compilers that read only the graph] and Note [Compilers that ignore their example
+# inputs] in aotkit_schemas): such a compiler has no fake value to compute with. The rule
+# is asked when the compiler runs, so the backward's compile enters a mode that something
+# made after the forward's.
 class DeferredFakeMode:
     """A restored entry's fake mode, constructed at the first ``get()``. See Note [A
     restored entry's fake mode made when first needed]."""
