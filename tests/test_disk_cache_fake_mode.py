@@ -32,19 +32,27 @@ def f(x, w):
 model = torch.nn.Sequential(
     torch.nn.Linear(6, 5), torch.nn.BatchNorm1d(5), torch.nn.ReLU(), torch.nn.Linear(5, 2)
 )
+layer = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.0, batch_first=True)
 x, w = torch.randn(4, 6), torch.randn(6, 3, requires_grad=True)
+seq = torch.randn(2, 5, 8)
 g = aotkit_frontends.aot_function(f, aotkit_backends.nop)
 m = aotkit_frontends.aot_module(model, aotkit_backends.nop)
+t = aotkit_frontends.aot_module(layer, aotkit_backends.nop)
 out_f = g(x[:, :6], w)
 out_f.sum().backward()
 out_m = m(x)
 out_m.sum().backward()
+out_t = t(seq)
+out_t.sum().backward()
+with torch.no_grad():  # an inference entry
+    out_i = g(x, w)
 print(json.dumps({
     "counters": dict(cache_counters),
     "dynamo": "torch._dynamo" in sys.modules,
     "sympy": "sympy" in sys.modules,
-    "out": [out_f.tolist(), out_m.tolist()],
-    "grads": [w.grad.tolist()] + [p.grad.tolist() for p in model.parameters()],
+    "out": [out_f.tolist(), out_m.tolist(), out_t.tolist(), out_i.tolist()],
+    "grads": [w.grad.tolist()] + [p.grad.tolist() for p in model.parameters()]
+    + [p.grad.tolist() for p in layer.parameters()],
     "buffers": [b.tolist() for b in model.buffers()],
 }))
 """
@@ -62,9 +70,9 @@ def _run(cache_dir: Path) -> dict[str, Any]:
 
 def test_a_warm_start_of_nop_programs_imports_neither_dynamo_nor_sympy(tmp_path: Path) -> None:
     cold = _run(tmp_path)
-    assert cold["counters"]["store"] == 2 and cold["dynamo"]  # tracing needs a fake mode
+    assert cold["counters"]["store"] == 4 and cold["dynamo"]  # tracing needs a fake mode
     warm = _run(tmp_path)
-    assert warm["counters"] == {"hit": 2}
+    assert warm["counters"] == {"hit": 4}
     assert not warm["dynamo"] and not warm["sympy"]
     for field in ("out", "grads", "buffers"):
         assert warm[field] == cold[field], field  # bitwise: the same graphs, the same kernels
