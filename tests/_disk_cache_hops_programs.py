@@ -16,7 +16,8 @@ from typing import Any
 
 import aotkit
 import torch
-from aotkit_capture import cache_counters, record_compilations
+from aotkit_cache import cache_counters
+from aotkit_capture import record_compilations
 
 
 def _cond_fn(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

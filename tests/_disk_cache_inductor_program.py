@@ -41,7 +41,7 @@ class CountingPass(CustomGraphPass):
 
 def main(spec: dict[str, Any]) -> dict[str, Any]:
     import aotkit  # noqa: F401  (registers the backends)
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
     from aotkit_schemas import disk_cache_config
     from torch._dynamo.utils import counters
     from torch._inductor import config

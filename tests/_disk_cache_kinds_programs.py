@@ -20,7 +20,8 @@ from typing import Any
 import aotkit
 import torch
 import torch.utils.checkpoint as cp
-from aotkit_capture import cache_counters, record_compilations
+from aotkit_cache import cache_counters
+from aotkit_capture import record_compilations
 
 
 def _graph_codes(compiled: list[Any]) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 
 import aotkit
 import torch
-from aotkit_capture import cache_counters
+from aotkit_cache import cache_counters
 
 
 class MLP(torch.nn.Module):

@@ -25,7 +25,7 @@ os.environ.setdefault("AOTKIT_CACHE", "0")
 def disk_cache_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The on-disk compile cache on for this test, in its own directory (returned), the
     cache's counters cleared."""
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
     from aotkit_schemas import disk_cache_config
 
     monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))

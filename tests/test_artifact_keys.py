@@ -9,7 +9,7 @@ import pickle
 import pytest
 import torch
 import torch.fx
-from aotkit_capture._disk_cache_artifacts import apply_artifact_keys, artifact_keys_json
+from aotkit_cache.entry._artifacts import apply_artifact_keys, artifact_keys_json
 from aotkit_schemas import CacheFormatError, artifact_key, on_artifact_key, record_artifact_key
 
 

@@ -120,7 +120,7 @@ def test_torchs_environment_variable_sets_the_threshold(env: str | None, expecte
 
 
 def test_own_deferral_is_reentrant(monkeypatch: pytest.MonkeyPatch) -> None:
-    from aotkit_capture._gc import _deferred_without_dynamo
+    from aotkit_capture.compile._gc import _deferred_without_dynamo
 
     monkeypatch.delenv("TORCH_DYNAMO_GC_GEN2_THRESHOLD_DURING_COMPILE", raising=False)
     with _deferred_without_dynamo():
@@ -139,7 +139,7 @@ def test_own_deferral_is_reentrant(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_collection_pause_nests_resumes_once_and_keeps_a_users_setting() -> None:
-    from aotkit_capture._gc import CollectionPause
+    from aotkit_capture.compile._gc import CollectionPause
 
     assert gc.isenabled()
     with CollectionPause() as outer:
@@ -188,8 +188,8 @@ class _GcRecording:
 def test_a_warm_hit_reads_the_entry_with_collections_paused_and_compiles_with_them_on(
     disk_cache_on: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import aotkit_capture._disk_cache_compile as dcc
-    from aotkit_capture import cache_counters
+    import aotkit_cache._compile_cache as dcc
+    from aotkit_cache import cache_counters
     from aotkit_schemas import mark_cache_key
 
     real_read = dcc.read_entry
@@ -223,8 +223,8 @@ def test_a_warm_hit_reads_the_entry_with_collections_paused_and_compiles_with_th
 def test_a_rejected_entry_traces_with_collections_on(
     disk_cache_on: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import aotkit_capture._disk_cache_compile as dcc
-    from aotkit_capture import cache_counters
+    import aotkit_cache._compile_cache as dcc
+    from aotkit_cache import cache_counters
     from aotkit_schemas import CacheFormatError, mark_cache_key
 
     x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)

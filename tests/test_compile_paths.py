@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aotkit
-import aotkit_capture._compile as compile_module
+import aotkit_capture.compile._compile as compile_module
 import pytest
 import torch
 import torch._dynamo

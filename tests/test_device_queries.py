@@ -9,7 +9,7 @@ import collections
 from typing import Any
 
 import aotkit
-import aotkit_capture._rng_replay as rng_module
+import aotkit_tracing._rng_replay as rng_module
 import pytest
 import torch
 import torch._dynamo

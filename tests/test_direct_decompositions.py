@@ -11,9 +11,9 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import aotkit_capture._direct_decompositions as direct_module
-import aotkit_capture._single_pass as single_pass_module
-import aotkit_capture._trace as trace_module
+import aotkit_tracing.core._direct_decompositions as direct_module
+import aotkit_tracing.core._single_pass as single_pass_module
+import aotkit_tracing.core._trace as trace_module
 import pytest
 import torch
 import torch._dynamo
@@ -21,7 +21,11 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from _small_models import fresh_dynamo  # noqa: F401  (autouse fixture)
 from aotkit_capture import record_compilations
-from aotkit_capture._direct_decompositions import DIRECT_OPS, direct_decompositions, run_directly
+from aotkit_tracing.core._direct_decompositions import (
+    DIRECT_OPS,
+    direct_decompositions,
+    run_directly,
+)
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 aten = torch.ops.aten

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 import torch
-from aotkit_capture import ambient_state_key, program_fingerprint
-from aotkit_capture._disk_cache import entry_bytes, split_entry
-from aotkit_capture._disk_cache_graph import graph_from_json, graph_to_json
-from aotkit_capture._disk_cache_key import entry_key
+from aotkit_cache import ambient_state_key, program_fingerprint
+from aotkit_cache._files import entry_bytes, split_entry
+from aotkit_cache.entry._graph import graph_from_json, graph_to_json
+from aotkit_cache.key._key import entry_key
 from aotkit_schemas import CacheFormatError, meta_from_json, meta_to_json
 from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -485,7 +485,7 @@ def test_off_by_default_and_opt_in_by_cache_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import aotkit
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
     from aotkit_schemas import disk_cache_config, mark_cache_key
 
     def f(x: torch.Tensor) -> torch.Tensor:
@@ -532,7 +532,7 @@ def test_a_warm_hit_logs_torchs_metadata_line_with_the_stored_donated_buffers(
     import logging
 
     import aotkit
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
     from aotkit_schemas import disk_cache_config
 
     def f(x: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,7 @@ _PROGRAM = '''
 import json, sys
 import torch
 from aotkit_schemas import disk_cache_config
-from aotkit_capture import cache_counters
+from aotkit_cache import cache_counters
 from aotkit_frontends import aot_function
 from aotkit_backends import nop
 
@@ -197,7 +197,7 @@ def test_unkeyable_operators_names_the_kernel_the_key_cannot_read() -> None:
     # the compilations that reach the operator: See Note [Refusing only the compilations
     # that reach an unkeyable kernel]
     import torch
-    from aotkit_capture._disk_cache_ops import custom_ops_key, unkeyable_operators
+    from aotkit_cache.key._ops import custom_ops_key, unkeyable_operators
 
     before = custom_ops_key()
     assert "cachetest_inproc::f" not in unkeyable_operators()

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 import torch
-from aotkit_capture._restore_fake_mode import DeferredFakeMode
-from aotkit_capture._restored_fakes import RestoredFakes, compile_fake_mode
+from aotkit_cache.entry._fake_mode import DeferredFakeMode
+from aotkit_cache.entry._fakes import RestoredFakes
+from aotkit_capture.compile._examples import compile_fake_mode
 from aotkit_schemas import mark_cache_key, mark_example_inputs_unused, mark_graph_reader
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
@@ -22,7 +23,7 @@ _PROGRAM = r"""
 import json, sys
 import torch
 import aotkit_backends, aotkit_frontends
-from aotkit_capture import cache_counters
+from aotkit_cache import cache_counters
 
 torch.manual_seed(0)
 
@@ -105,7 +106,7 @@ def test_the_backward_compiles_under_the_fake_mode_unless_nothing_made_it(
     disk_cache_on: Path, graph_only: bool
 ) -> None:
     import aotkit
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
 
     x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
     grads = []
@@ -135,7 +136,7 @@ def test_a_value_read_after_the_hit_is_made_in_one_mode(
     disk_cache_on: Path
 ) -> None:
     import aotkit
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
 
     x, w = torch.randn(3, 4), torch.randn(4, 5, requires_grad=True)
     cold = aotkit.aot_function(_program, aotkit.nop)

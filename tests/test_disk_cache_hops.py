@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 import torch
 from aotkit_backends import nop
+from aotkit_cache._files import entry_bytes, split_entry
+from aotkit_cache.entry._graph import graph_from_json, graph_to_json
 from aotkit_capture import record_compilations
-from aotkit_capture._disk_cache import entry_bytes, split_entry
-from aotkit_capture._disk_cache_graph import graph_from_json, graph_to_json
-from aotkit_capture._disk_cache_key import Uncacheable
 from aotkit_frontends import aot_function
-from aotkit_schemas import CacheFormatError
+from aotkit_schemas import CacheFormatError, Uncacheable
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 PROGRAMS = str(Path(__file__).with_name("_disk_cache_hops_programs.py"))
@@ -231,7 +230,7 @@ def _print_twice(x: torch.Tensor) -> torch.Tensor:
 def test_mismatched_effect_tokens_are_refused(
     tokens: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
     from aotkit_schemas import disk_cache_config
 
     monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 from aotkit_backends import inductor_available, inductor_unavailable_reason
-from aotkit_capture._disk_cache import entry_bytes, split_entry
+from aotkit_cache._files import entry_bytes, split_entry
 
 pytestmark = pytest.mark.skipif(
     not inductor_available(), reason=str(inductor_unavailable_reason())

@@ -18,11 +18,10 @@ from typing import Any
 
 import pytest
 import torch
-from aotkit_capture import cache_counters, program_fingerprint
-from aotkit_capture._disk_cache_constants import constant_from_json, constant_to_json
-from aotkit_capture._disk_cache_graph import graph_from_json, graph_to_json
-from aotkit_capture._disk_cache_key import Uncacheable
-from aotkit_schemas import CacheFormatError
+from aotkit_cache import cache_counters, program_fingerprint
+from aotkit_cache.entry._graph import graph_from_json, graph_to_json
+from aotkit_cache.key._constants import constant_from_json, constant_to_json
+from aotkit_schemas import CacheFormatError, Uncacheable
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 PROGRAMS = str(Path(__file__).with_name("_disk_cache_kinds_programs.py"))
@@ -78,7 +77,7 @@ def test_two_module_classes_with_the_same_parameters_do_not_share_an_entry(
     # module's graph
     script = """
 import sys, torch, aotkit
-from aotkit_capture import cache_counters
+from aotkit_cache import cache_counters
 class M1(torch.nn.Module):
     def __init__(s):
         super().__init__(); s.l = torch.nn.Linear(4, 4)
@@ -129,7 +128,7 @@ def test_hooks_are_keyed_by_code_and_flags() -> None:
 
 
 def test_global_hooks_are_in_the_key() -> None:
-    from aotkit_capture._disk_cache_hooks import global_hooks_key
+    from aotkit_cache.key._fingerprint import global_hooks_key
 
     assert global_hooks_key() is None
     handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda m, a: None)

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 import torch
-from aotkit_capture._disk_cache_graph import graph_from_json, graph_to_json
-from aotkit_capture._disk_cache_values import LazyValueMeta
+from aotkit_cache.entry._graph import graph_from_json, graph_to_json
+from aotkit_cache.entry._values import LazyValueMeta
 from aotkit_schemas import CacheFormatError
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
@@ -158,7 +158,7 @@ def _cached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compiler: _Graphs
 ) -> tuple[Any, dict[str, int]]:
     import aotkit
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
     from aotkit_schemas import disk_cache_config, mark_cache_key
 
     monkeypatch.setattr(disk_cache_config, "dir", str(tmp_path))
@@ -451,7 +451,7 @@ def test_warm_hit_builds_no_forward_example_for_a_compiler_that_ignores_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # See Note [Restored inputs' fakes built when read]
-    from aotkit_capture._restored_fakes import RestoredFakes
+    from aotkit_cache.entry._fakes import RestoredFakes
 
     x, w = _inputs()
     cold = _Unread()
@@ -480,7 +480,7 @@ def test_warm_hit_builds_no_forward_example_for_a_compiler_that_ignores_them(
 
 
 def _lazy_input(shape: list[int], requires_grad: bool) -> LazyValueMeta:
-    from aotkit_capture._disk_cache_values import StaticTensor
+    from aotkit_cache.entry._values import StaticTensor
 
     spec = {"shape": shape, "stride": [1] * len(shape), "dtype": "float32", "device": "cpu"}
     recipe = StaticTensor(spec, requires_grad)
@@ -489,7 +489,7 @@ def _lazy_input(shape: list[int], requires_grad: bool) -> LazyValueMeta:
 
 def test_restored_fakes_check_without_building() -> None:
     from aotkit_analysis import compute_input_layout
-    from aotkit_capture._restored_fakes import RestoredFakes
+    from aotkit_cache.entry._fakes import RestoredFakes
 
     mode = FakeTensorMode()
     # a recipe that requires grad where the metadata says the input does not: refused

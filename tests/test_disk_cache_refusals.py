@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 from aotkit_backends import nop
+from aotkit_cache.entry._entry import entry_payload
 from aotkit_capture import record_compilations
-from aotkit_capture._disk_cache_entry import entry_payload
 from aotkit_frontends import aot_function
 
 
@@ -91,8 +91,8 @@ def test_a_tangent_layout_the_format_cannot_carry_is_refused() -> None:
     # a channels-last tangent behind symbolic strides: its stored TensorSpec would restore
     # as contiguous, feeding the backward tangents it was not compiled for
     import pytest
-    from aotkit_capture._disk_cache_entry import _check_tangent_layouts_round_trip
-    from aotkit_capture._disk_cache_key import Uncacheable
+    from aotkit_cache.entry._entry import _check_tangent_layouts_round_trip
+    from aotkit_schemas import Uncacheable
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (
         DimDynamic,

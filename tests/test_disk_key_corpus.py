@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from aotkit_capture import program_fingerprint
-from aotkit_capture._disk_cache_key import Uncacheable
+from aotkit_cache import program_fingerprint
 from aotkit_frontends._aot_function import disk_identity
+from aotkit_schemas import Uncacheable
 from corpus import all_cases
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import aotkit_capture._single_pass as single_pass_module
+import aotkit_tracing.core._single_pass as single_pass_module
 import pytest
 import torch
 import torch._dynamo
@@ -18,7 +18,7 @@ from _small_models import convnet as _convnet
 from _small_models import fresh_dynamo  # noqa: F401  (autouse fixture)
 from _small_models import mlp as _mlp
 from aotkit_capture import CompiledArtifacts, record_compilations
-from aotkit_capture._grad_flags import FlagRead, GradFlags
+from aotkit_tracing.core._grad_flags import FlagRead, GradFlags
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 MODELS: list[tuple[str, Callable[[], nn.Module], Callable[[], torch.Tensor]]] = [
@@ -183,7 +183,7 @@ def _run_op(seen: list[bool]) -> Callable[..., Any]:
 
 
 def test_backward_view_flags_are_set_for_view_ops_only_and_cleared() -> None:
-    from aotkit_capture._grad_flags import BackwardViewFlags
+    from aotkit_tracing.core._grad_flags import BackwardViewFlags
 
     layer = BackwardViewFlags()
     seen: list[bool] = []
@@ -198,7 +198,7 @@ def test_backward_view_flags_are_set_for_view_ops_only_and_cleared() -> None:
 
 
 def test_backward_view_flags_stop_at_an_output_that_requires_grad() -> None:
-    from aotkit_capture._grad_flags import BackwardViewFlags
+    from aotkit_tracing.core._grad_flags import BackwardViewFlags
 
     with FakeTensorMode():
         f = torch.empty(3, 4)
@@ -213,7 +213,7 @@ def test_the_single_pass_puts_one_aotkit_mode_on_the_dispatch_stack() -> None:
     # See Note [One dispatch frame for aotkit's trace layers]: the op gate and the forward's
     # flags are layers of the RNG keying mode, not modes of their own
     import aotkit
-    from aotkit_capture._device_queries import OWN_MODES
+    from aotkit_tracing.core._device_queries import OWN_MODES
 
     depths: list[int] = []
 

@@ -17,7 +17,7 @@ import torch._dynamo
 import torch.nn as nn
 from _small_models import fresh_dynamo  # noqa: F401  (autouse fixture)
 from aotkit_backends import inductor_available, inductor_unavailable_reason
-from aotkit_capture import cache_counters
+from aotkit_cache import cache_counters
 from aotkit_schemas import disk_cache_config
 from torch._dynamo.utils import counters
 from torch._inductor import config as inductor_config

@@ -8,7 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-import aotkit_capture._trace as trace_module
+import aotkit_tracing.core._trace as trace_module
 import pytest
 import torch
 from aotkit_capture import record_compilations

@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 from aotkit_backends import nop
 from aotkit_frontends import aot_module
-from aotkit_frontends._module_effects import SELF_CHANGING_LIMIT
+from aotkit_frontends.module_state._module_effects import SELF_CHANGING_LIMIT
 from functorch.compile import nop as torch_nop
 from torch._functorch import aot_autograd as torch_aot
 
@@ -187,7 +187,7 @@ def test_torch_leaves_a_tracing_tensor_in_the_weight(kind: str) -> None:
 def test_entries_that_replay_attribute_changes_are_not_stored_on_disk(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
     from aotkit_schemas import disk_cache_config
 
     monkeypatch.setattr(disk_cache_config, "enabled", True)

@@ -341,7 +341,7 @@ def test_the_disk_cache_never_restores_a_graph_traced_with_other_values(
 ) -> None:
     """A second aot_module of the same program with another ``scale`` (as a second
     process would) misses the disk cache; one with the same values hits it."""
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
     from aotkit_schemas import disk_cache_config
 
     disk_cache_config.dir, disk_cache_config.enabled = str(tmp_path), True

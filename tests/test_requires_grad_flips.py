@@ -506,7 +506,7 @@ def test_disk_cache_stores_and_restores_the_change(
     fn: Callable[..., Any], make: Make, changes: tuple[tuple[int, bool], ...],
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
     from aotkit_schemas import disk_cache_config, mark_cache_key
 
     def compiler(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:

@@ -9,7 +9,7 @@ import traceback
 import pytest
 import torch
 import torch._subclasses.fake_tensor as fake_tensor_module
-from aotkit_capture._restore_fake_mode import restore_fake_mode
+from aotkit_cache.entry._fake_mode import restore_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 

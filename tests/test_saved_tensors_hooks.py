@@ -24,8 +24,8 @@ from aotkit import (
     make_boxed_func,
     nop,
 )
-from aotkit_capture import Uncacheable
-from aotkit_capture._disk_cache_key import entry_key
+from aotkit_cache.key._key import entry_key
+from aotkit_schemas import Uncacheable
 from torch._functorch.aot_autograd import aot_function as torch_aot_function
 from torch.testing._internal.two_tensor import TwoTensor
 

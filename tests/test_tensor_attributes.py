@@ -238,7 +238,7 @@ def test_aot_function_of_a_module_names_the_attribute(make: Callable[[], nn.Modu
 
 def test_modules_with_tensor_attributes_are_not_stored_on_disk() -> None:
     """A restored entry runs no trace, so it could not find a tensor attribute read."""
-    from aotkit_frontends._module_attrs import ModuleAttrs
+    from aotkit_frontends.module_state._module_attrs import ModuleAttrs
 
     for mod, stored in ((InitTensor(), False), (nn.Linear(3, 3), True)):
         attrs = ModuleAttrs(mod)

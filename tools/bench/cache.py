@@ -139,13 +139,13 @@ def _child_run(kind: str, model: str) -> dict[str, Any]:
     later = statistics.median(step(fn) for _ in range(7))
     result: dict[str, Any] = {"first": first, "later": later, "first_cpu": first_cpu}
     if kind in ("aot", "plain"):
-        from aotkit_capture import cache_counters
+        from aotkit_cache import cache_counters
 
         result["counters"] = dict(cache_counters)
         result["inside"] = inside[0]
         result["dynamo"] = "torch._dynamo" in sys.modules
     elif kind != "eager":
-        from aotkit_capture import cache_counters
+        from aotkit_cache import cache_counters
         from torch._dynamo.utils import counters
 
         result["counters"] = dict(cache_counters)
@@ -163,7 +163,7 @@ def _time_inside_aotkit() -> list[float]:
     restore or the trace, partitioner, the forward compiler, the runtime wrappers), the
     lazy backward compile, and the backward's stealing entry. Timed directly, so
     the kernels' run times (and their first-call costs) are not in it."""
-    import aotkit_capture._compiled_calls as calls
+    import aotkit_capture.compile._compiled_calls as calls
     import aotkit_runtime._autograd_function as runtime_fn
     from aotkit_frontends._aot_function import CompiledCache
 

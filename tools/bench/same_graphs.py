@@ -96,12 +96,12 @@ def variant(name: str) -> Iterator[None]:
     """The slower equivalent of a speed-up, for the duration of the block."""
     patches: list[tuple[Any, str, Any]] = []
     if name == "flags":
-        import aotkit_capture._single_pass as sp
+        import aotkit_tracing.core._single_pass as sp
 
         patches.append((sp, "BackwardViewFlags", lambda: None))
     elif name == "fold":
-        import aotkit_capture._rng_replay as rr
-        import aotkit_capture._single_pass as sp
+        import aotkit_tracing._rng_replay as rr
+        import aotkit_tracing.core._single_pass as sp
 
         @contextlib.contextmanager
         def own_mode(layer: Any) -> Iterator[None]:
@@ -138,8 +138,8 @@ def variant(name: str) -> Iterator[None]:
 
         patches.append((functorch_config, "ban_recompute_used_far_apart", False))
     elif name == "direct":
-        import aotkit_capture._single_pass as sp
-        import aotkit_capture._trace as tr
+        import aotkit_tracing.core._single_pass as sp
+        import aotkit_tracing.core._trace as tr
 
         def ordinary(mode: Any) -> contextlib.AbstractContextManager[None]:
             return contextlib.nullcontext()
@@ -147,7 +147,7 @@ def variant(name: str) -> Iterator[None]:
         patches.append((sp, "direct_decompositions", ordinary))
         patches.append((tr, "direct_decompositions", ordinary))
     elif name == "bn":
-        import aotkit_capture._direct_decompositions as dd
+        import aotkit_tracing.core._direct_decompositions as dd
 
         bn = torch.ops.aten._native_batch_norm_legit_functional.default
         patches.append((dd, "DIRECT_OPS", dd.DIRECT_OPS - {bn}))

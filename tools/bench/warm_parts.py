@@ -50,12 +50,12 @@ HERE = Path(__file__).resolve().parent
 # (label, module, attribute): the hit path's stages, timed where they are looked up
 _STAGES = [
     ("compile_flat", "aotkit_frontends._aot_function", "compile_flat"),
-    ("key", "aotkit_capture._disk_cache_compile", "cache_key_or_none"),
-    ("source", "aotkit_capture._disk_cache_key", "aotkit_source_hash"),
-    ("load", "aotkit_capture._disk_cache_compile", "cache_load"),
-    ("rebuild", "aotkit_capture._disk_cache_entry", "graph_from_json"),
-    ("fake mode", "aotkit_capture._disk_cache_compile", "restore_fake_mode"),
-    ("fw wrap", "aotkit_capture._disk_cache_compile", "training_call"),
+    ("key", "aotkit_cache._compile_cache", "cache_key_or_none"),
+    ("source", "aotkit_cache.key._key", "aotkit_source_hash"),
+    ("load", "aotkit_cache._compile_cache", "cache_load"),
+    ("rebuild", "aotkit_cache.entry._entry", "graph_from_json"),
+    ("fake mode", "aotkit_cache._compile_cache", "restore_fake_mode"),
+    ("fw wrap", "aotkit_cache._compile_cache", "training_call"),
     ("graph fn", "aotkit_backends._nop", "graph_function"),
 ]
 
@@ -112,7 +112,7 @@ def _child(kind: str, model: str) -> dict[str, Any]:
     step(fn)
     first = clock() - t0
     later = statistics.median(step(fn) for _ in range(5))
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
 
     return {"aot": first - later, "parts": acc, "counters": dict(cache_counters)}
 

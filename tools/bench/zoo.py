@@ -416,9 +416,9 @@ def _install_aotkit_clock() -> dict[str, Callable[..., Any]]:
     # alone left aotkit's lazy backward compile untimed)
     patched = 0
     modnames = (
-        "aotkit_capture._compiled_calls",
+        "aotkit_capture.compile._compiled_calls",
         "aotkit_capture._subclass_calls",
-        "aotkit_capture._compile",
+        "aotkit_capture.compile._compile",
         "aotkit_frontends._compile",
     )
     for modname in modnames:

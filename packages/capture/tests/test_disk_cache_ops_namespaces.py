@@ -3,7 +3,7 @@ answer as splitting the qualified name. See Note [Custom operators in the on-dis
 
 from __future__ import annotations
 
-from aotkit_capture._disk_cache_ops import _TORCH_NAMESPACES, _torch_namespace
+from aotkit_cache.key._ops import _TORCH_NAMESPACES, _torch_namespace
 
 
 def test_torch_namespaces_are_told_by_the_part_before_the_first_separator() -> None:

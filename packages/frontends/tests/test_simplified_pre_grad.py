@@ -13,7 +13,7 @@ import torch
 import torch.fx
 import torch.nn as nn
 from aotkit_backends import nop
-from aotkit_capture import cache_counters
+from aotkit_cache import cache_counters
 from aotkit_frontends import aot_module_simplified
 from aotkit_schemas import disk_cache_config, mark_cache_key
 from torch._functorch.aot_autograd import aot_module_simplified as torch_simplified

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from aotkit_capture import cache_dir, clear_entries, list_entries
+from aotkit_cache import cache_dir, clear_entries, list_entries
 from aotkit_schemas import disk_cache_enabled
 
 

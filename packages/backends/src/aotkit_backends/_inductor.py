@@ -38,7 +38,8 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from . import _inductor_cache
+from aotkit_backends import _inductor_cache
+
 from ._boxing import BoxedCallable
 from ._inductor_donation import Donation, inductor_donation
 from ._inductor_passes import (

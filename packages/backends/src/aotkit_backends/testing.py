@@ -4,7 +4,7 @@ Subclass ``CompilerConformance`` in a test module, provide a ``compiler`` fixtur
 every check below runs against your compiler::
 
     import pytest
-    from aotkit_backends.testing import CompilerConformance
+    from .testing import CompilerConformance
     from aotkit_schemas import Compiler, is_boxed
 
     class TestMyCompiler(CompilerConformance):

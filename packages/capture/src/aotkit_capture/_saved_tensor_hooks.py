@@ -73,7 +73,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.immutable_collections import immutable_dict, immutable_list
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-from ._donated_buffers import bw_donated_idxs
+from aotkit_capture.compile._donated_buffers import bw_donated_idxs
 
 _autograd: Any = torch._C._autograd
 _FILTERING_MODES = ("donated", "no_static", "all")

@@ -30,13 +30,17 @@ from aotkit_schemas import (
     ViewAndMutationMeta,
     num_unwrapped,
 )
+from aotkit_tracing._subclass import SubclassLayer
+from aotkit_tracing.autocast._autocast import (
+    autocast_at_compile,
+    run_without_autocast,
+    without_autocast_compiling,
+)
+from aotkit_tracing.core._grad_mode_kernels import compiler_kernel_choices
 
-from ._autocast import autocast_at_compile, run_without_autocast, without_autocast_compiling
-from ._compiled_calls import _backward_compiler, _no_grad_unless_grad_free
-from ._context import track_graph_compiling
-from ._grad_mode_kernels import compiler_kernel_choices
-from ._graph_facts import tangent_dependencies
-from ._subclass import SubclassLayer
+from aotkit_capture.compile._compiled_calls import _backward_compiler, _no_grad_unless_grad_free
+from aotkit_capture.compile._context import track_graph_compiling
+from aotkit_capture.compile._graph_facts import tangent_dependencies
 
 
 def _example_inputs(gm: torch.fx.GraphModule) -> list[Any]:

@@ -14,13 +14,16 @@ from aotkit_capture import get_aot_graph_name as get_aot_graph_name
 from aotkit_capture import get_graph_being_compiled as get_graph_being_compiled
 from aotkit_capture import get_saved_tensor_hook_context as get_saved_tensor_hook_context
 
+from aotkit_frontends.module_state._attribute_guard import (
+    TensorAttributeAssignedError as TensorAttributeAssignedError,
+)
+
 from ._aot_function import AOTModule as AOTModule
 from ._aot_function import CompiledCache as CompiledCache
 from ._aot_function import aot_function as aot_function
 from ._aot_function import aot_module as aot_module
 from ._aot_function import compiled_function as compiled_function
 from ._aot_function import compiled_module as compiled_module
-from ._attribute_guard import TensorAttributeAssignedError as TensorAttributeAssignedError
 from ._dynamo_backend import AotAutograd as AotAutograd
 from ._dynamo_backend import aot_autograd as aot_autograd
 from ._dynamo_backend import default_decompositions as default_decompositions

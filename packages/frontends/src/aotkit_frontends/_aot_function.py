@@ -6,7 +6,6 @@ See Note [Compile cache keys] for when a new compilation happens.
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
 import logging
 from collections.abc import Callable
@@ -19,69 +18,44 @@ from aotkit_capture import (
     CapturedTensorError,
     CompiledArtifacts,
     Runner,
-    Uncacheable,
     captured_tensor_error,
     check_input_kinds,
     compile_flat,
     entered_until_backward_traced,
     is_captured_tensor_error,
-    program_fingerprint,
 )
 from aotkit_functional import leaf_inputs
 from aotkit_partitioners import default_partition
 from aotkit_schemas import AOTConfig, disk_cache_enabled
 
-from ._attribute_guard import AOT_MODULE_ASSIGNED_TENSOR_MESSAGE, detect_attribute_assignment
-from ._guards import describe_flat_input, input_key
-from ._module_attrs import TENSOR_ATTRIBUTE_MESSAGE, ModuleAttrs, rekeyed
-from ._module_effects import ForwardEffects
-from ._module_structure import Rebuilding
-from ._outputs import OutputLayout, flatten_function
-from ._recompile import log_recompile
-from ._reparametrize import distinct_positions, reparametrized
-from ._tensor_attrs import (
+from aotkit_frontends.module_state._attribute_guard import (
+    AOT_MODULE_ASSIGNED_TENSOR_MESSAGE,
+    detect_attribute_assignment,
+)
+from aotkit_frontends.module_state._module_attrs import (
+    TENSOR_ATTRIBUTE_MESSAGE,
+    ModuleAttrs,
+    rekeyed,
+)
+from aotkit_frontends.module_state._module_effects import ForwardEffects
+from aotkit_frontends.module_state._module_structure import Rebuilding
+from aotkit_frontends.module_state._reparametrize import distinct_positions, reparametrized
+from aotkit_frontends.module_state._tensor_attrs import (
     RETRY_LIMIT,
     TENSOR_ATTRIBUTES,
     RetryWithTensorAttributes,
     swapped_tensor_attributes,
 )
 
+from ._disk_cache import disk_cache, disk_identity
+from ._guards import describe_flat_input, input_key
+from ._outputs import OutputLayout, flatten_function
+from ._recompile import log_recompile
+
 log = logging.getLogger(__name__)
 _AOT_COUNTER = itertools.count()
 # argument types that torch's pytree treats as leaves (None is not: it is an empty node)
 _FLAT_LEAF_TYPES = (torch.Tensor, int, float, bool, str)
-
-
-def fingerprint_or_none(program: Any) -> str | None:
-    """``program_fingerprint(program)``, or None (logged) when it cannot be fingerprinted."""
-    try:
-        return program_fingerprint(program)
-    except Uncacheable as e:
-        log.debug("aotkit cache: not caching %s: %s", type(program).__name__, e)
-        return None
-
-
-# Note [The program in aot_function's disk key]
-# The on-disk key's program part (See Note [On-disk cache keys] in aotkit_capture) must
-# describe everything the flat function traces besides its flat inputs:
-#   * the user's program: the function for aot_function; for aot_module the module itself
-#     (class code, attributes, submodules, hooks), not the aotkit wrapper that calls it.
-#     The wrapper is aotkit code, which the fingerprint names without reading its
-#     closures, so keying it would key no module at all: two module classes with the same
-#     parameter shapes shared an entry, and a warm start ran the other module's graph;
-#   * the call's structure (the pytree spec of args and kwargs): the flat inputs are
-#     matched to the function's parameters through it, so ``f(x, y)`` and
-#     ``f(b=x, a=y)`` have the same flat inputs and different programs.
-
-
-def disk_identity(program: Any, in_spec: pytree.TreeSpec) -> str | None:
-    """The on-disk cache identity of calling ``program`` with arguments structured as
-    ``in_spec``, or None (logged) when it cannot be fingerprinted. See Note [The program
-    in aot_function's disk key]."""
-    fingerprint = fingerprint_or_none(program)
-    if fingerprint is None:
-        return None
-    return hashlib.sha256(f"{fingerprint}\x00{in_spec!r}".encode()).hexdigest()
 
 
 def _resolve_partitioner(partition_fn: Any) -> Callable[..., Any]:
@@ -248,9 +222,9 @@ class CompiledCache:
             # the key holds each input's leafness: See Note [Input wrappers that are
             # autograd leaves] in aotkit_functional
             with leaf_inputs("leaves"):
+                sidecar = outputs if self.effects is None else self.effects.sidecar(outputs)
                 runner, artifacts = compile_flat(
-                    flat_fn, flat_args, self.cfg, cache_identity=identity,
-                    cache_sidecar=outputs if self.effects is None else self.effects.sidecar(outputs),
+                    flat_fn, flat_args, self.cfg, cache=disk_cache(identity, sidecar)
                 )
         except Exception as e:
             attrs = self.module_attrs

@@ -26,10 +26,15 @@ from aotkit_partitioners import default_partition
 from aotkit_schemas import GraphSignature, OutputType, ViewAndMutationMeta, graph_outputs
 from torch._guards import detect_fake_mode
 
+from aotkit_frontends.module_state._attribute_guard import detect_attribute_assignment
+from aotkit_frontends.module_state._reparametrize import (
+    distinct_slot_names,
+    reparametrized,
+    shared_slot_names,
+)
+
 from ._aot_function import make_config
-from ._attribute_guard import detect_attribute_assignment
 from ._outputs import OutputLayout, flatten_function
-from ._reparametrize import distinct_slot_names, reparametrized, shared_slot_names
 from ._signature import build_graph_signature
 
 NO_LOSS_INDEX_MESSAGE = (

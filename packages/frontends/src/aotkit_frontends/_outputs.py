@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from aotkit_capture import Uncacheable
-from aotkit_schemas import CacheFormatError, dtype_from_name, dtype_name
+from aotkit_schemas import CacheFormatError, Uncacheable, dtype_from_name, dtype_name
 
 _CONSTANT_TYPES = (int, float, bool, complex, str, bytes, type(None), torch.dtype, torch.device,
                    torch.layout, torch.memory_format, torch.Size)

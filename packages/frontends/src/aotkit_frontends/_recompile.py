@@ -26,7 +26,7 @@ import torch
 from aotkit_capture import AMBIENT_FIELDS
 from aotkit_schemas import artifact_enabled, log_artifact
 
-from ._module_attrs import explain_attr_change
+from aotkit_frontends.module_state._module_attrs import explain_attr_change
 
 # field names of a per-input tensor part, by its length (see input_key in _guards)
 _TENSOR_FIELDS: dict[int, tuple[str, ...]] = {

@@ -35,7 +35,8 @@ from torch._guards import Source, TracingContext
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils import stateless
 
-from ._aot_function import _resolve_partitioner, fingerprint_or_none, make_config
+from ._aot_function import _resolve_partitioner, make_config
+from ._disk_cache import disk_cache, fingerprint_or_none
 from ._outputs import OutputLayout
 from ._pre_grad import check_tensors_kept, passes_identity, pre_grad_timing, tensor_slots
 from ._runtime_asserts import (
@@ -239,7 +240,7 @@ def aot_module_simplified(
     if late_passes is not None:
         identity = passes_identity(identity, late_passes)
     runner, artifacts = compile_flat(
-        functional_call, full_args, cfg, cache_identity=identity, cache_sidecar=outputs,
+        functional_call, full_args, cfg, cache=disk_cache(identity, outputs),
         before_trace=before_trace,
     )
     # See Note [Runtime checks of aot_module_simplified]

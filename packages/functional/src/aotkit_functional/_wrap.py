@@ -16,7 +16,8 @@ import torch
 from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
 from torch.utils._python_dispatch import _detect_infra_mode, is_traceable_wrapper_subclass
 
-from . import _bindings
+from aotkit_functional import _bindings
+
 from ._eager_layouts import EagerLayoutMode
 
 

@@ -5,7 +5,7 @@ every check runs against your partitioner on the joint graphs of ``aotkit_partit
 corpus::
 
     import pytest
-    from aotkit_partitioners.testing import PartitionerConformance
+    from .testing import PartitionerConformance
 
     class TestMyPartitioner(PartitionerConformance):
         @pytest.fixture

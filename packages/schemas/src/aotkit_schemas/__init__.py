@@ -10,6 +10,10 @@ from ._artifact_keys import ARTIFACT_KEY_PATTERN as ARTIFACT_KEY_PATTERN
 from ._artifact_keys import artifact_key as artifact_key
 from ._artifact_keys import on_artifact_key as on_artifact_key
 from ._artifact_keys import record_artifact_key as record_artifact_key
+from ._compile_cache import CacheSidecar as CacheSidecar
+from ._compile_cache import CompileCache as CompileCache
+from ._compile_cache import Uncacheable as Uncacheable
+from ._compile_cache import cache_counters as cache_counters
 from ._config import AOTConfig as AOTConfig
 from ._disk_cache_config import DiskCacheConfig as DiskCacheConfig
 from ._disk_cache_config import disk_cache_config as disk_cache_config
@@ -80,6 +84,10 @@ from ._subclass_meta import num_unwrapped as num_unwrapped
 from ._view_and_mutation_meta import ViewAndMutationMeta as ViewAndMutationMeta
 
 __all__ = [
+    "CacheSidecar",
+    "CompileCache",
+    "Uncacheable",
+    "cache_counters",
     "DiskCacheConfig",
     "disk_cache_config",
     "disk_cache_dir",

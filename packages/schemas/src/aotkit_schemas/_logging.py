@@ -18,7 +18,7 @@
 # ``set_logs`` names a logger. The grammar is ``TORCH_LOGS``'s: a comma-separated list of
 # names, ``+name`` for DEBUG, ``-name`` for ERROR only, a bare name for INFO; ``all`` (or
 # ``aotkit``) means every logger; a dotted module name (``aotkit.capture``,
-# ``aotkit_capture._compile``) names that logger directly. Artifact loggers do not inherit
+# ``aotkit_capture.compile._compile``) names that logger directly. Artifact loggers do not inherit
 # their stage's level: ``+capture`` does not print every graph, ``graphs`` does.
 #
 # ``TORCH_LOGS=aot_graphs`` / ``aot_joint_graph`` (or ``torch._logging.set_logs``) also turn
@@ -109,7 +109,7 @@ def parse_log_spec(spec: str) -> LogSettings:
                 levels[ARTIFACTS[leaf]] = level
             continue
         if "." in item and not item.startswith(ROOT + "."):
-            # a module name such as aotkit_capture._compile
+            # a module name such as aotkit_capture.compile._compile
             if not item.startswith("aotkit_"):
                 raise LogSpecError(_unknown(item))
             levels[item] = level

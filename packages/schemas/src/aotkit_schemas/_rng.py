@@ -15,7 +15,7 @@
 #
 # Two places introduce them:
 #
-# * capture (``aotkit_capture._rng_replay``): a random op that runs again from a generator
+# * capture (``aotkit_tracing._rng_replay``): a random op that runs again from a generator
 #   state it already drew from during the trace (checkpoint's recomputation restores it)
 #   becomes ``run_with_rng_state`` of the first draw's saved state. See Note [RNG replay
 #   keys].

@@ -1,0 +1,1 @@
+"""aotkit_frontends.module_state."""

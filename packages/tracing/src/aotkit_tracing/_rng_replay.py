@@ -1,0 +1,323 @@
+"""Random ops that a joint trace runs twice from one generator state replay one draw.
+
+# Note [RNG replay keys]
+# ``torch.utils.checkpoint`` (non-reentrant) recomputes its region during the backward
+# after setting the generator back to the state the forward saw, so eager draws the same
+# dropout mask twice. A trace over fake tensors draws nothing: every random op becomes an
+# independent node, and the recomputation would draw a fresh mask. To see the replay, the
+# joint trace keys each random op by the *real* CPU generator's state when it runs, then
+# moves the generator to a new state derived from that key (``manual_seed`` of a hash of
+# it). Keys then repeat exactly when the generator was put back to an earlier state, which
+# is what checkpoint's ``set_rng_state`` does and what makes eager repeat a draw. After the
+# trace:
+#
+# * the first node with a key becomes ``run_and_save_rng_state(op, ...)``: the forward's
+#   draw, returning the state it drew from;
+# * every later node with that key becomes ``run_with_rng_state(state, op, ...)``: the
+#   same numbers, and the generator is left where it was, as checkpoint's ``fork_rng``
+#   leaves it.
+#
+# The generator's state before the trace is restored after it, so tracing draws nothing
+# from the user's stream. Random ops on other devices are not keyed (no device here to
+# prove it on); their recomputations draw afresh, as before. Only with functionalized RNG
+# on (Note [Functionalized RNG] in aotkit_schemas).
+#
+# Note [An unkeyed backward]
+# The keying mode is a Python dispatch layer every op of the trace passes through. A
+# replay needs a random op run twice from one generator state; if the forward ran no
+# random op, the backward could replay only a draw of its own, after resetting the
+# generator itself. The single pass therefore runs the backward without keying when
+# the forward drew nothing (``unkeyed_if_nothing_drew``: the mode is taken off the stack,
+# or only stops keying when a layer of the single pass needs its frame, See Note [One
+# dispatch frame for aotkit's trace layers]), and abandons its graph for the two-pass
+# flow, whose trace keys everything, if that backward traced any random op
+# (``draws_randomness``). Programs with dropout keep the keying throughout.
+#
+# Note [Checkpointed random ops with functionalized RNG off]
+# With the switch off, graphs hold no RNG state ops, so a checkpointed region's
+# recomputation would draw a new mask where eager replays the forward's: the gradients
+# would be silently wrong. The keys are still recorded; a repeated key (a replay eager
+# does) raises an error naming the switch, before anything runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import operator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
+
+import torch
+import torch.fx
+from aotkit_schemas import functionalize_rng_enabled
+from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
+from torch.fx.experimental.proxy_tensor import get_proxy_mode
+from torch.utils._python_dispatch import (
+    TorchDispatchMode,
+    _disable_current_modes,
+    _get_current_dispatch_mode,
+    _pop_mode_temporarily,
+)
+
+from aotkit_tracing.core._device_queries import OWN_MODES, fake_device, is_device_query
+
+__all__ = [
+    "draws_randomness",
+    "keyed_rng",
+    "replay_rng_inplace",
+    "trace_layer",
+    "unkeyed_if_nothing_drew",
+]
+
+_KEY = "aotkit_rng_key"
+
+CHECKPOINT_RNG_OFF_MESSAGE = (
+    "aotkit: a region recomputed in the backward (torch.utils.checkpoint) draws random "
+    "numbers ({op}); eager replays the forward's draws there, which needs functionalized "
+    "RNG, and it is off. Without it the backward would use new random numbers and the "
+    "gradients would be wrong. Turn it on (aotkit.set_functionalize_rng(True), the "
+    "default, or `with aotkit.functionalize_rng(True):` around the first call), or move "
+    "the random op out of the checkpointed region. See Note [Checkpointed random ops with "
+    "functionalized RNG off] in aotkit_capture."
+)
+
+
+def _draws(func: Any) -> bool:
+    return isinstance(func, torch._ops.OpOverload) and (
+        torch.Tag.nondeterministic_seeded in func.tags
+    )
+
+
+def _on_cpu(out: Any) -> bool:
+    values = out if isinstance(out, (tuple, list)) else (out,)
+    return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values)
+
+
+# One layer of the single pass sitting in the keying mode's frame: See Note [One dispatch
+# frame for aotkit's trace layers]. Called with the op, its arguments and ``run``, which
+# runs the op (keyed); returns the op's result.
+TraceLayer = Callable[[Any, Sequence[Any], dict[str, Any], Callable[..., Any]], Any]
+
+
+class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
+    """Tags each random op's new graph nodes with the generator state it ran from.
+
+    See Note [RNG replay keys]. Higher-order operators run below it (their bodies' random
+    ops are not keyed; See Note [Higher-order operators]). It also carries the single
+    pass's per-op layer, if any (See Note [One dispatch frame for aotkit's trace layers]).
+    """
+
+    supports_higher_order_operators = True
+
+    def __init__(self, *, keying: bool = True) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.draws = 0  # random ops seen (See Note [An unkeyed backward])
+        self.keying = keying
+        self.layer: TraceLayer | None = None
+
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # lets torch.cond & co. trace their branches with dynamo under this mode
+        # (See Note [Higher-order operators] in aotkit_capture)
+        return True
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Sequence[type],
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        if is_device_query(func, args):  # See Note [Device queries in the trace's dispatch modes]
+            return fake_device(args[0])
+        layer = self.layer
+        if layer is not None:
+            return layer(func, args, kwargs or {}, self._run)
+        return self._run(func, args, kwargs or {})
+
+    def _run(self, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        if not self.keying or not _draws(func):
+            return func(*args, **kwargs)
+        self.draws += 1
+        mode = get_proxy_mode()
+        graph = mode.tracer.graph if mode is not None else None
+        before = set(graph.nodes) if graph is not None else set()
+        with _disable_current_modes():
+            key = hashlib.sha256(bytes(torch.default_generator.get_state().tolist())).digest()
+        out = func(*args, **kwargs)
+        if graph is None or not _on_cpu(out):
+            return out
+        for node in graph.nodes:
+            if node not in before and node.op == "call_function" and _draws(node.target):
+                node.meta[_KEY] = key
+        with _disable_current_modes():
+            torch.default_generator.manual_seed(int.from_bytes(key[:8], "little") >> 1)
+        return out
+
+
+OWN_MODES.add(_RngKeys)
+
+
+# Note [One dispatch frame for aotkit's trace layers]
+# Every op of a trace passes through each Python dispatch mode on the stack, and each mode
+# costs a Python frame and a re-dispatch per op (about 10-20 us; a BERT joint trace runs
+# about 300 ops through them). The single pass has per-op work besides the RNG keying: the
+# forward's op gate and fake-cache flags (Note [Single-pass joint trace], Note [Fake-cache
+# keys of the single pass's forward]) and the backward's view flags (Note [Fake-cache keys
+# of the single pass's backward]). Rather than a mode each, they are layers installed in
+# the keying mode that ``keyed_rng`` already pushed (``trace_layer``): the mode answers
+# device queries, then hands the op to the layer, which calls ``run`` (the keying) where a
+# mode of its own would have called ``func``. The order is the one the separate modes had:
+# the layer (pushed last, so on top) sees the op first, the keying runs below it. Without
+# the keying mode on top of the stack (a trace not made by ``keyed_rng``) the layer gets a
+# mode of its own that does not key, as before.
+
+
+@contextlib.contextmanager
+def trace_layer(layer: TraceLayer | None) -> Iterator[None]:
+    """Run the block with ``layer`` seeing every op of the trace, in the keying mode's frame
+    when that mode is on top. See Note [One dispatch frame for aotkit's trace layers]."""
+    if layer is None:
+        yield
+        return
+    mode = _get_current_dispatch_mode()
+    if not isinstance(mode, _RngKeys):
+        own = _RngKeys(keying=False)
+        own.layer = layer
+        with own:
+            yield
+        return
+    previous = mode.layer
+    mode.layer = layer
+    try:
+        yield
+    finally:
+        mode.layer = previous
+
+
+@contextlib.contextmanager
+def unkeyed_if_nothing_drew(layer: TraceLayer | None = None) -> Iterator[bool]:
+    """Inside ``keyed_rng``'s trace: while no random op has run yet, stop keying for the
+    block (taking the keying mode off the dispatch stack, unless ``layer`` needs its frame).
+    Yields whether it did; if so, the caller must refuse a graph whose block traced a random
+    op. See Note [An unkeyed backward]. ``layer`` sees every op of the block (See Note [One
+    dispatch frame for aotkit's trace layers])."""
+    mode = _get_current_dispatch_mode()
+    if not isinstance(mode, _RngKeys) or mode.draws:
+        with trace_layer(layer):
+            yield False
+        return
+    if layer is None:
+        with _pop_mode_temporarily():
+            yield True
+        return
+    mode.keying = False
+    try:
+        with trace_layer(layer):
+            yield True
+    finally:
+        mode.keying = True
+
+
+def is_rng_keying_mode(mode: Any) -> bool:
+    """Whether ``mode`` is ``keyed_rng``'s dispatch mode (it only keys random ops)."""
+    return isinstance(mode, _RngKeys)
+
+
+def draws_randomness(graph: torch.fx.Graph) -> bool:
+    """Whether ``graph`` holds a random op (See Note [An unkeyed backward])."""
+    return any(n.op == "call_function" and _draws(n.target) for n in graph.nodes)
+
+
+def keyed_rng(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap a function traced by make_fx so its random ops carry replay keys.
+
+    Also with functionalized RNG off, so that a replay it would need is refused (See Note
+    [Checkpointed random ops with functionalized RNG off]). See Note [RNG replay keys].
+    """
+
+    @functools.wraps(fn)
+    def traced(*args: Any) -> Any:
+        with _disable_current_modes():
+            saved = torch.default_generator.get_state()
+        try:
+            with _RngKeys():  # type: ignore[no-untyped-call]
+                return fn(*args)
+        finally:
+            with _disable_current_modes():
+                torch.default_generator.set_state(saved)
+
+    return traced
+
+
+def _state_val(like: Any) -> Any:
+    with _disable_current_modes():
+        state = torch.default_generator.get_state()
+    fake_mode = getattr(like, "fake_mode", None)
+    return fake_mode.from_tensor(state) if fake_mode is not None else state
+
+
+def replay_rng_inplace(gm: torch.fx.GraphModule) -> int:
+    """Rewrite random ops that share a replay key; modifies ``gm``. Returns the number of
+    replays. See Note [RNG replay keys].
+
+    Before::
+
+        bernoulli = bernoulli.p(empty_like, 0.5)        # forward, key K
+        bernoulli_1 = bernoulli.p(empty_like_1, 0.5)    # checkpoint recompute, key K
+
+    After::
+
+        run_and_save = run_and_save_rng_state(bernoulli.p, empty_like, 0.5)
+        rng_state = run_and_save[0]; bernoulli = run_and_save[1]
+        bernoulli_1 = run_with_rng_state(rng_state, bernoulli.p, empty_like_1, 0.5)
+    """
+    groups: dict[bytes, list[torch.fx.Node]] = {}
+    for node in gm.graph.nodes:
+        key = node.meta.pop(_KEY, None)
+        if key is not None:
+            groups.setdefault(key, []).append(node)
+    if not functionalize_rng_enabled() and any(len(g) > 1 for g in groups.values()):
+        op = next(g for g in groups.values() if len(g) > 1)[0].target
+        raise RuntimeError(CHECKPOINT_RNG_OFF_MESSAGE.format(op=op))
+    graph = gm.graph
+    replays = 0
+    for first, *rest in groups.values():
+        if not rest:
+            continue
+        target = cast(torch.fx.node.Argument, first.target)
+        val = first.meta.get("val")
+        like = val[0] if isinstance(val, (tuple, list)) else val
+        with graph.inserting_before(first):
+            pair = graph.create_node(
+                "call_function", run_and_save_rng_state, (target, *first.args), dict(first.kwargs)
+            )
+            state = graph.create_node(
+                "call_function", operator.getitem, (pair, 0), {}, name=f"rng_state_{first.name}"
+            )
+            value = graph.create_node("call_function", operator.getitem, (pair, 1), {})
+        state.meta = {k: v for k, v in first.meta.items() if k != "val"}
+        state.meta["val"] = _state_val(like)
+        pair.meta = {k: v for k, v in first.meta.items() if k != "val"}
+        pair.meta["val"] = (state.meta["val"], val)
+        value.meta = dict(first.meta)
+        first.replace_all_uses_with(value)
+        graph.erase_node(first)
+        for node in rest:
+            with graph.inserting_before(node):
+                replay = graph.create_node(
+                    "call_function",
+                    run_with_rng_state,
+                    (state, cast(torch.fx.node.Argument, node.target), *node.args),
+                    dict(node.kwargs),
+                )
+            replay.meta = dict(node.meta)
+            node.replace_all_uses_with(replay)
+            graph.erase_node(node)
+            replays += 1
+    if replays:
+        graph.lint()
+        gm.recompile()
+    return replays

@@ -1,0 +1,1 @@
+"""aotkit_tracing.inputs."""
