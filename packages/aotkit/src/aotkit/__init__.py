@@ -50,7 +50,7 @@ from aotkit_schemas import functionalize_rng as functionalize_rng
 from aotkit_schemas import set_functionalize_rng as set_functionalize_rng
 
 from ._compare import compare as compare
-from ._inspect import inspect as inspect
+from ._inspect_print import inspect as inspect
 
 __version__ = "0.1.0"
 

@@ -68,7 +68,7 @@ def _load(spec: str) -> tuple[object, tuple[object, ...]] | None:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from ._inspect import inspect
+    from ._inspect_print import inspect
 
     loaded = _load(args.factory)
     if loaded is None:

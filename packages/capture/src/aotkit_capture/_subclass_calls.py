@@ -30,13 +30,13 @@ from aotkit_schemas import (
     ViewAndMutationMeta,
     num_unwrapped,
 )
-from aotkit_tracing._subclass import SubclassLayer
-from aotkit_tracing.autocast._autocast import (
+from aotkit_tracing import (
+    SubclassLayer,
     autocast_at_compile,
+    compiler_kernel_choices,
     run_without_autocast,
     without_autocast_compiling,
 )
-from aotkit_tracing.core._grad_mode_kernels import compiler_kernel_choices
 
 from aotkit_capture.compile._compiled_calls import _backward_compiler, _no_grad_unless_grad_free
 from aotkit_capture.compile._context import track_graph_compiling

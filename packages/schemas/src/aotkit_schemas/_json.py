@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import torch
 
 from ._alias_info import InputAliasInfo, OutputAliasInfo, OutputType
+from ._json_basics import CacheFormatError, dtype_from_name, dtype_name
 from ._view_and_mutation_meta import ViewAndMutationMeta
 from ._view_chains_json import view_chain_from_json, view_chain_to_json
 
@@ -27,10 +28,6 @@ JSON_SCHEMA_VERSION = 2
 _T = TypeVar("_T")
 _CACHE_KEY_ATTR = "_aotkit_cache_key"
 _CACHE_SETTINGS_ATTR = "_aotkit_cache_settings"
-
-
-class CacheFormatError(ValueError):
-    """A cached JSON document that does not have the expected form."""
 
 
 @dataclass(frozen=True)
@@ -76,9 +73,6 @@ class TensorSpec:
 
 # ---- names of dtypes and of the few output types the metadata records -----------------
 
-_DTYPES: dict[str, torch.dtype] = {
-    str(v).removeprefix("torch."): v for v in vars(torch).values() if isinstance(v, torch.dtype)
-}
 _RAW_TYPES: dict[str, type] = {
     "Tensor": torch.Tensor,
     "Parameter": torch.nn.Parameter,
@@ -91,17 +85,6 @@ _RAW_TYPES: dict[str, type] = {
     "NoneType": type(None),
 }
 _RAW_TYPE_NAMES = {v: k for k, v in _RAW_TYPES.items()}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def dtype_from_name(name: str) -> torch.dtype:
-    try:
-        return _DTYPES[name]
-    except KeyError:
-        raise CacheFormatError(f"unknown dtype {name!r}") from None
 
 
 def raw_type_serializable(t: type) -> bool:

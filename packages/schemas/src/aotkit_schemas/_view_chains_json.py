@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
+from ._json_basics import CacheFormatError, dtype_from_name
+
 
 def _error(message: str) -> Exception:
-    from ._json import CacheFormatError  # that module imports this one
-
     return CacheFormatError(message)
 
 
@@ -57,8 +57,6 @@ def _arg_from_json(a: Any) -> Any:
             items = [_arg_from_json(x) for x in v]
             return items if tag == "l" else tuple(items)
         if tag == "dtype" and isinstance(v, str):
-            from ._json import dtype_from_name
-
             return dtype_from_name(v)
         modes = _functionalization().InverseReturnMode
         if tag == "irm" and isinstance(v, str) and v in modes.__members__:

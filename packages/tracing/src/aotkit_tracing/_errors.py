@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import sys
 from collections.abc import Iterator
 
@@ -115,8 +116,6 @@ def explain_tracing_errors() -> Iterator[None]:
         )
         raise MissingFakeKernelError(text, e.func) from e
     except NotImplementedError as e:
-        from ._hops import unsupported_hop_error  # _hops imports this module
-
         hop_error = unsupported_hop_error(e)
         if hop_error is None:
             raise
@@ -131,3 +130,50 @@ def explain_tracing_errors() -> Iterator[None]:
             DATA_DEPENDENT_MESSAGE.format(op="a data-dependent symbolic value") + f" ({e})",
             e.cond,
         ) from e
+
+
+# Higher-order operators without a rule: See Note [Higher-order operators] in _hops
+_NO_RULE = re.compile(
+    r"There was no rule registered for HigherOrderOperator (\S+) and mode <([\w.]+)"
+)
+_NO_KERNEL = re.compile(
+    r"could not find kernel for HigherOrderOperator (\S+) at dispatch key (\S+)"
+)
+
+UNSUPPORTED_HOP_MESSAGE = (
+    "aotkit cannot trace the higher-order operator {hop}: it has no rule for {where}, "
+    "which aotkit's tracing needs (torch's functionalization, fake tensors and make_fx "
+    "each need one; See Note [Higher-order operators]). Remedy: register the missing "
+    "rule on the operator ({how}), or call {hop} outside the compiled function."
+)
+
+
+class UnsupportedHigherOrderOperatorError(AOTCompileError, NotImplementedError):
+    """A higher-order operator lacks a rule aotkit's tracing needs. ``hop`` names it."""
+
+    def __init__(self, message: str, hop: str) -> None:
+        RuntimeError.__init__(self, message)
+        self.hop = hop
+
+
+def unsupported_hop_error(e: BaseException) -> UnsupportedHigherOrderOperatorError | None:
+    """torch's dispatcher message for a HOP without a rule, as an error naming the HOP and
+    the remedy (None when ``e`` is something else). See Note [Higher-order operators]."""
+    if not isinstance(e, NotImplementedError):
+        return None
+    text = str(e)
+    match = _NO_RULE.search(text)
+    if match is not None:
+        hop, mode = match.group(1), match.group(2).rsplit(".", 1)[-1]
+        how = f"``{hop}.py_impl({mode})``, or ``py_functionalize_impl`` for functionalization"
+        where = f"the dispatch mode {mode}"
+    else:
+        match = _NO_KERNEL.search(text)
+        if match is None:
+            return None
+        hop, key = match.group(1), match.group(2)
+        how = f"``{hop}.py_impl({key})``"
+        where = f"the dispatch key {key}"
+    return UnsupportedHigherOrderOperatorError(
+        UNSUPPORTED_HOP_MESSAGE.format(hop=hop, where=where, how=how), hop
+    )

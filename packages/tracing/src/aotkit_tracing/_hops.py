@@ -54,15 +54,19 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ._errors import AOTCompileError
+from ._errors import (
+    UNSUPPORTED_HOP_MESSAGE,
+    UnsupportedHigherOrderOperatorError,
+    unsupported_hop_error,
+)
 
 __all__ = [
+    "UNSUPPORTED_HOP_MESSAGE",
     "UnsupportedHigherOrderOperatorError",
     "fake_mode_with_shape_env",
     "hop_in_traceback",
@@ -71,30 +75,8 @@ __all__ = [
     "unsupported_hop_error",
 ]
 
-_NO_RULE = re.compile(
-    r"There was no rule registered for HigherOrderOperator (\S+) and mode <([\w.]+)"
-)
-_NO_KERNEL = re.compile(
-    r"could not find kernel for HigherOrderOperator (\S+) at dispatch key (\S+)"
-)
-
-UNSUPPORTED_HOP_MESSAGE = (
-    "aotkit cannot trace the higher-order operator {hop}: it has no rule for {where}, "
-    "which aotkit's tracing needs (torch's functionalization, fake tensors and make_fx "
-    "each need one; See Note [Higher-order operators]). Remedy: register the missing "
-    "rule on the operator ({how}), or call {hop} outside the compiled function."
-)
-
 
 _T = TypeVar("_T")
-
-
-class UnsupportedHigherOrderOperatorError(AOTCompileError, NotImplementedError):
-    """A higher-order operator lacks a rule aotkit's tracing needs. ``hop`` names it."""
-
-    def __init__(self, message: str, hop: str) -> None:
-        RuntimeError.__init__(self, message)
-        self.hop = hop
 
 
 def needs_shape_env(e: BaseException) -> bool:
@@ -113,29 +95,6 @@ def fake_mode_with_shape_env() -> FakeTensorMode:
 
     return FakeTensorMode(
         shape_env=ShapeEnv(duck_shape=False), static_shapes=True, allow_non_fake_inputs=False
-    )
-
-
-def unsupported_hop_error(e: BaseException) -> UnsupportedHigherOrderOperatorError | None:
-    """torch's dispatcher message for a HOP without a rule, as an error naming the HOP and
-    the remedy (None when ``e`` is something else). See Note [Higher-order operators]."""
-    if not isinstance(e, NotImplementedError):
-        return None
-    text = str(e)
-    match = _NO_RULE.search(text)
-    if match is not None:
-        hop, mode = match.group(1), match.group(2).rsplit(".", 1)[-1]
-        how = f"``{hop}.py_impl({mode})``, or ``py_functionalize_impl`` for functionalization"
-        where = f"the dispatch mode {mode}"
-    else:
-        match = _NO_KERNEL.search(text)
-        if match is None:
-            return None
-        hop, key = match.group(1), match.group(2)
-        how = f"``{hop}.py_impl({key})``"
-        where = f"the dispatch key {key}"
-    return UnsupportedHigherOrderOperatorError(
-        UNSUPPORTED_HOP_MESSAGE.format(hop=hop, where=where, how=how), hop
     )
 
 

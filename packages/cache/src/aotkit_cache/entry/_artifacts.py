@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch.fx
 from aotkit_schemas import (
     ARTIFACT_KEY_META,
     ARTIFACT_KEY_PATTERN,
     CacheFormatError,
+    PartitionResult,
     on_artifact_key,
 )
 from aotkit_schemas import artifact_key as recorded_key
@@ -21,17 +22,20 @@ from aotkit_schemas import artifact_key as recorded_key
 from aotkit_cache._files import load as cache_load
 from aotkit_cache._files import store as cache_store
 
-if TYPE_CHECKING:
-    from aotkit_capture.compile._compile import CompiledArtifacts
 
-    from ._entry import CachedEntry
+class _Compiled(Protocol):
+    """A compilation's artifacts or a restored entry: both hold the partition result."""
+
+    @property
+    def partition(self) -> PartitionResult | None: ...
+
 
 log = logging.getLogger(__name__)
 
 FIELD = "artifact_keys"
 
 
-def compiled_graphs(artifacts: CompiledArtifacts | CachedEntry) -> dict[str, torch.fx.GraphModule]:
+def compiled_graphs(artifacts: _Compiled) -> dict[str, torch.fx.GraphModule]:
     """The entry's graphs by role: ``fw``/``bw`` or ``inference``."""
     partition = artifacts.partition
     if partition is not None:

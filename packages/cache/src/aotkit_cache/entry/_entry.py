@@ -36,7 +36,7 @@ from ._hops import tokens_from_json, tokens_to_json
 from ._values import PY_SCALAR, LazyValueMeta
 
 if TYPE_CHECKING:
-    from aotkit_capture.compile._compile import CompiledArtifacts
+    from aotkit_capture import CompiledArtifacts
 
 log = logging.getLogger(__name__)
 

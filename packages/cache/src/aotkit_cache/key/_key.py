@@ -52,8 +52,7 @@ from typing import Any
 import torch
 import torch.fx
 from aotkit_backends import inductor_settings_key
-from aotkit_capture._saved_tensor_hooks import saved_tensors_hooks_key
-from aotkit_capture.inputs._ambient import ambient_key
+from aotkit_capture import ambient_key, saved_tensors_hooks_key
 from aotkit_functional import leaf_policy
 from aotkit_schemas import AOTConfig, Uncacheable, compiler_cache_key
 from torch._subclasses.fake_tensor import FakeTensor

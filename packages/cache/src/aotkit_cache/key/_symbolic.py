@@ -424,7 +424,7 @@ def install_guards(facts: dict[str, Any], env: dict[str, Any]) -> None:
 def restored_guard(facts: dict[str, Any], layout: Any) -> Any:
     """The in-memory ShapeGuard of an entry restored from disk: its shape facts checked
     on every compiled input (See Note [Shape guards])."""
-    from aotkit_capture.compile._shape_guards import ShapeGuard
+    from aotkit_capture import ShapeGuard
 
     n = len(facts["inputs"])
     names: dict[str, str] = {}

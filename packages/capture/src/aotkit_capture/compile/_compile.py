@@ -31,23 +31,27 @@ from aotkit_schemas import (
     ViewAndMutationMeta,
     reads_graph_only,
 )
-from aotkit_tracing._effects import count_backward_tokens, with_backward_tokens
-from aotkit_tracing._errors import explain_tracing_errors
-from aotkit_tracing._hops import retry_with_shape_env
-from aotkit_tracing._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
-from aotkit_tracing.autocast._autocast import preserved_autocast, without_autocast_compiling
-from aotkit_tracing.core._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY
-from aotkit_tracing.core._grad_mode_kernels import compiler_kernel_choices
-from aotkit_tracing.core._node_meta import propagate_mutation_meta
-from aotkit_tracing.core._single_pass import trace_single_pass
-from aotkit_tracing.core._trace import (
+from aotkit_tracing import (
+    BACKWARD_MUTATED_INPUTS_KEY,
     NATIVE_FALLBACK_KEY,
     STALE_TANGENTS_KEY,
     FlatFn,
+    SubclassLayer,
+    check_layer_applies,
+    compiler_kernel_choices,
+    count_backward_tokens,
+    explain_tracing_errors,
+    needs_subclass_layer,
+    preserved_autocast,
+    propagate_mutation_meta,
+    retry_with_shape_env,
     trace_inference,
     trace_joint,
+    trace_single_pass,
+    with_backward_tokens,
+    without_autocast_compiling,
+    without_effect_tokens,
 )
-from aotkit_tracing.core._unfunctionalized import without_effect_tokens
 from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 from torch.fx._lazy_graph_module import _use_lazy_graph_module

@@ -21,12 +21,13 @@ from aotkit_runtime import (
     tangent_layouts,
 )
 from aotkit_schemas import AOTConfig, PartitionResult, ViewAndMutationMeta, example_inputs_unused
-from aotkit_tracing.autocast._autocast import (
+from aotkit_tracing import (
     autocast_at_compile,
+    compiler_kernel_choices,
     run_without_autocast,
+    symbolic_dispatch,
     without_autocast_compiling,
 )
-from aotkit_tracing.core._grad_mode_kernels import compiler_kernel_choices, symbolic_dispatch
 from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 

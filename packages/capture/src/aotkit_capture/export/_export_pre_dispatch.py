@@ -34,7 +34,7 @@ import torch
 import torch.fx
 from aotkit_functional import assert_functional_graph, from_functional, to_functional
 from aotkit_schemas import DecompositionTable, ViewAndMutationMeta
-from aotkit_tracing.core._trace import FlatFn
+from aotkit_tracing import FlatFn
 from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx

@@ -21,12 +21,16 @@ import torch.fx
 from aotkit_analysis import compute_input_layout
 from aotkit_functional import leaf_inputs
 from aotkit_schemas import AOTConfig, ViewAndMutationMeta
-from aotkit_tracing._effects import token_inputs
-from aotkit_tracing._errors import explain_tracing_errors
-from aotkit_tracing._subclass import needs_subclass_layer
-from aotkit_tracing.core._trace import FlatFn, trace_inference, trace_joint
-from aotkit_tracing.core._trace_scope import new_compilation
-from aotkit_tracing.inputs._input_rebinds import checking_input_rebinds
+from aotkit_tracing import (
+    FlatFn,
+    checking_input_rebinds,
+    explain_tracing_errors,
+    needs_subclass_layer,
+    new_compilation,
+    token_inputs,
+    trace_inference,
+    trace_joint,
+)
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 

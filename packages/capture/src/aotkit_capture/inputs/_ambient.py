@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 from aotkit_schemas import functionalize_rng_enabled
-from aotkit_tracing.autocast._autocast import backward_autocast_key
+from aotkit_tracing import backward_autocast_key
 
 from aotkit_capture._saved_tensor_hooks import saved_tensors_hooks_key
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from aotkit_tracing._errors import AOTCompileError
+from aotkit_tracing import AOTCompileError
 
 _MARKERS = (
     "Please convert all Tensors to FakeTensors first",

@@ -59,7 +59,7 @@ from typing import Any
 
 import torch
 from aotkit_schemas import CacheFormatError
-from aotkit_tracing.inputs._input_rebinds import InputRebindError, InputRequiresGradChanged
+from aotkit_tracing import InputRebindError, InputRequiresGradChanged
 
 __all__ = [
     "changes_from_json",

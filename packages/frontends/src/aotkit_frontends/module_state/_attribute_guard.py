@@ -25,24 +25,9 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch._subclasses.fake_tensor import FakeTensor
-from torch._subclasses.functional_tensor import FunctionalTensor
 
 from ._module_effects import MISSING, Change, ForwardEffects, changed, copy_plain
-
-# nn.Module's own bookkeeping: hooks, parameter/buffer/submodule tables, training flag.
-_MODULE_INTERNALS = frozenset({
-    "_backward_hooks", "_backward_pre_hooks", "_buffers", "_forward_hooks",
-    "_forward_hooks_always_called", "_forward_hooks_with_kwargs", "_forward_pre_hooks",
-    "_forward_pre_hooks_with_kwargs", "_is_full_backward_hook",
-    "_load_state_dict_post_hooks", "_load_state_dict_pre_hooks", "_modules",
-    "_non_persistent_buffers_set", "_parameters", "_state_dict_hooks",
-    "_state_dict_pre_hooks", "training", "_initialize_hook", "_load_hook",
-})
-
-# Caches torch's own modules rebuild from their parameters (nn.RNNBase re-reads its
-# weights when it sees them swapped): restored silently, never reported.
-_DERIVED_CACHES = frozenset({"_flat_weights", "_flat_weight_refs"})
+from ._module_values import _DERIVED_CACHES, _MODULE_INTERNALS, is_plain, is_tracing_tensor
 
 ASSIGNED_TENSOR_MESSAGE = (
     "aotkit export: the tensor {noun} {names} {verb} assigned during export. The exported "
@@ -97,8 +82,6 @@ def _record_change(
 ) -> None:
     """Record what the trace left in a plain attribute, if it changed it. See Note [Plain
     attributes a forward changes]."""
-    from ._module_attrs import is_plain  # _module_attrs imports this module
-
     if new is _ABSENT:
         if old is not _ABSENT and is_plain(old):
             out.append(Change(sub, attr, name, MISSING, False))
@@ -114,15 +97,6 @@ def _attributes(mod: nn.Module) -> dict[str, dict[str, Any]]:
         name: {k: v for k, v in sub.__dict__.items() if k not in _MODULE_INTERNALS}
         for name, sub in mod.named_modules()
     }
-
-
-def is_tracing_tensor(t: torch.Tensor) -> bool:
-    """A fake, functional or meta tensor: one a trace created, never a user's value."""
-    return (
-        isinstance(t, (FakeTensor, FunctionalTensor))
-        or torch._is_functional_tensor(t)
-        or t.device.type == "meta"
-    )
 
 
 def _assigned_tensors(

@@ -91,12 +91,8 @@ import torch
 import torch.nn as nn
 from aotkit_capture import UnsupportedInputError
 
-from ._attribute_guard import _DERIVED_CACHES, _MODULE_INTERNALS
+from ._module_values import _DERIVED_CACHES, _MODULE_INTERNALS, _SCALAR_TYPES, is_plain
 
-_SCALAR_TYPES = frozenset({
-    bool, int, float, complex, str, type(None), torch.dtype, torch.device, torch.layout,
-    torch.memory_format,
-})
 _MISSING = ("<aotkit: attribute deleted>",)
 _NOT_PLAIN = "<aotkit: not a plain value>"
 NOT_PLAIN_READ_MESSAGE = (
@@ -119,19 +115,6 @@ TENSOR_ATTRIBUTE_MESSAGE = (
     "[Module attributes added or mutated later]."
 )
 _CONTAINERS = (list, dict)
-
-
-def is_plain(value: Any) -> bool:
-    """A value a trace bakes in that compares by value: See Note [Plain module attributes
-    in aot_module's key]."""
-    t = type(value)
-    if t in _SCALAR_TYPES or isinstance(value, enum.Enum):
-        return True
-    if t is tuple or t is list:
-        return all(is_plain(v) for v in value)
-    if t is dict:
-        return all(is_plain(k) and is_plain(v) for k, v in value.items())
-    return False
 
 
 def _numpy_scalar(v: Any) -> Any:

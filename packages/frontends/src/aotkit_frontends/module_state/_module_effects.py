@@ -57,6 +57,8 @@ import torch
 import torch.nn as nn
 from aotkit_schemas import Uncacheable
 
+from ._module_values import is_tracing_tensor
+
 SELF_CHANGING_LIMIT = 8
 MISSING = object()  # a Change's value when the trace deleted the attribute
 
@@ -157,8 +159,6 @@ class ForwardEffects:
         """The tracing tensors the forward left in plain attributes of ``mod``'s
         submodules, in a fixed order, recorded as this trace's targets (See Note [Tensors
         a forward assigns to module attributes])."""
-        from ._attribute_guard import is_tracing_tensor
-
         targets, tensors = [], []
         for name, sub in mod.named_modules():
             for attr, value in sub.__dict__.items():

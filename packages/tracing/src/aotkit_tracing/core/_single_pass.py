@@ -97,6 +97,7 @@ from aotkit_tracing.autocast._autocast_cache import (
 from ._direct_decompositions import direct_decompositions, fake_mode_of
 from ._grad_flags import BackwardViewFlags, FlagRead, GradFlags
 from ._grad_mode_kernels import joint_kernel_choices
+from ._joint_parts import STALE_TANGENTS_KEY, primal_grads
 from ._saved_detaches import (
     SavedOutputRecorder,
     forward_end,
@@ -105,13 +106,11 @@ from ._saved_detaches import (
     tag_forward_and_backward,
 )
 from ._trace import (
-    STALE_TANGENTS_KEY,
     FlatFn,
     apply_kept_mutation,
     last_graph_node,
     move_kept_mutations,
     needs_python_mode,
-    primal_grads,
 )
 from ._trace_scope import backward_spanning_scope
 

@@ -43,6 +43,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from aotkit_tracing._errors import AOTCompileError
 
 from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY, BACKWARD_TAG
+from ._joint_parts import STALE_TANGENTS_KEY, forward_returns, primal_grads
 from ._saved_detaches import forward_end, nodes_made_so_far, tag_forward_and_backward
 from ._trace_scope import backward_spanning_scope
 
@@ -75,8 +76,6 @@ def trace_joint_unfunctionalized(
 ) -> tuple[torch.fx.GraphModule, list[Any]]:
     """The joint ``(primals, tangents) -> (*forward returns, *input grads)`` with the
     program's mutations left in place. See Note [Tracing without functionalization]."""
-    from ._trace import STALE_TANGENTS_KEY, _forward_returns, primal_grads
-
     _check_supported(meta, subclasses)
     forward_marks: list[list[torch.fx.Node]] = []
     stale: dict[int, str] = {}
@@ -84,7 +83,7 @@ def trace_joint_unfunctionalized(
     def joint(primals: list[Any], tangents: list[Any]) -> list[Any]:
         # See Note [Contexts that span the backward trace]
         with backward_spanning_scope(), torch.enable_grad():
-            returns, _ = _forward_returns(flat_fn, list(primals), meta, for_autograd=True)
+            returns, _ = forward_returns(flat_fn, list(primals), meta, for_autograd=True)
             forward_marks.append(nodes_made_so_far())
             outs_and_tangents = [
                 (k, returns[pos], tangents[k])
@@ -127,12 +126,10 @@ def trace_inference_unfunctionalized(
 ) -> torch.fx.GraphModule:
     """The inference graph ``args -> forward returns`` with the program's mutations left in
     place. See Note [Tracing without functionalization]."""
-    from ._trace import _forward_returns
-
     _check_supported(meta, subclasses)
 
     def inference(*args: Any) -> tuple[Any, ...]:
-        returns, _ = _forward_returns(flat_fn, list(args), meta, for_autograd=False)
+        returns, _ = forward_returns(flat_fn, list(args), meta, for_autograd=False)
         return tuple(returns)
 
     gm = make_fx(inference, decomposition_table=decompositions)(*fake_args)
