@@ -93,7 +93,7 @@ def _run_module(mod: torch.nn.Module, compiled: Callable[..., Any], x: torch.Ten
 def _placeholder_values(compiled: Any) -> list[Any]:
     """Every compiled graph's placeholder values (read after the run, so a deferred value
     is built now): a warm hit must hand its compilers the metadata a trace did, down to
-    ``requires_grad`` (See Note [Lazy node values of restored graphs] in aotkit_capture)."""
+    ``requires_grad`` (See Note [Lazy node values of restored graphs] in aotkit_cache)."""
     out: list[Any] = []
     cache = getattr(getattr(compiled, "_compiled", None), "_aotkit_cache", None)
     for art in cache.artifacts if cache is not None else ():  # (aot_module's; not dynamo's)

@@ -2,7 +2,7 @@
 traced under autocast run without it, and a failed trace attempt leaves autocast as it was.
 
 See Note [Autocast in the backward trace], Note [Compiled graphs run without autocast] and
-Note [A failed trace leaves autocast as it found it] in aotkit_capture. Each case runs
+Note [A failed trace leaves autocast as it found it] in aotkit_tracing. Each case runs
 eagerly (where eager has an answer), through aotkit and through torch's AOTAutograd, and
 compares values, gradients and the backward graph's text with torch's.
 """

@@ -1,6 +1,6 @@
 """Custom ops without an autograd formula behave as in eager: the forward runs, and the
 backward raises eager's error only when it reaches the op (See Note [Backward paths
-through stale saved values] in aotkit_capture)."""
+through stale saved values] in aotkit_tracing)."""
 
 from __future__ import annotations
 

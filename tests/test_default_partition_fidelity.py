@@ -4,7 +4,7 @@ Linear layers and transposed weights read by ``matmul``/``mm``/``addmm``, under
 ``aot_function`` and under ``torch.compile`` (``aot_module_simplified``), with static and
 dynamic shapes: aotkit's forward and backward graphs must read as torch's (the forward
 saves the weights' ``t`` values it computed, never a backward-only ``t(t)``), and values
-and gradients must match eager. See Note [Forward and backward tags] in aotkit_capture.
+and gradients must match eager. See Note [Forward and backward tags] in aotkit_tracing.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """``disable_functionalization=True``: in-place ops stay in the graphs where they ran, as in
-torch (See Note [Tracing without functionalization] in aotkit_capture).
+torch (See Note [Tracing without functionalization] in aotkit_tracing).
 
 Each program runs eagerly, through aotkit and through torch's AOTAutograd with the flag;
 values, inputs after the call and gradients are compared with eager, and every graph the

@@ -1,6 +1,6 @@
 """A warm hit makes its entry's fake mode only when something needs it, and a warm start of
 a plain aot_function/aot_module program with nop imports neither torch._dynamo nor sympy.
-See Note [A restored entry's fake mode made when first needed] in aotkit_capture."""
+See Note [A restored entry's fake mode made when first needed] in aotkit_cache."""
 
 from __future__ import annotations
 

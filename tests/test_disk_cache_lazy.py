@@ -1,5 +1,5 @@
 """Warm hits of the on-disk cache build node values lazily. See Note [Lazy node values of
-restored graphs] in aotkit_capture."""
+restored graphs] in aotkit_cache."""
 
 from __future__ import annotations
 

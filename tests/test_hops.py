@@ -1,4 +1,4 @@
-"""Higher-order operators (Note [Higher-order operators] in aotkit_capture): ``torch.cond``,
+"""Higher-order operators (Note [Higher-order operators] in aotkit_tracing): ``torch.cond``,
 ``while_loop``, ``map`` (nested too), non-reentrant checkpoint, ``invoke_subgraph`` and
 ``flex_attention``, through ``aot_function``/``aot_module``, every partitioner,
 ``torch.compile`` (aotkit_eager, aotkit_inductor) and ``aot_export_module`` (pre_dispatch

@@ -1,5 +1,5 @@
 """A restored entry's FakeTensorMode records its debugging stack without reading source
-lines. See Note [A restored entry's fake mode] in aotkit_capture."""
+lines. See Note [A restored entry's fake mode] in aotkit_cache."""
 
 from __future__ import annotations
 

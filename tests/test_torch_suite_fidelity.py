@@ -102,7 +102,7 @@ def test_column_blocks_of_one_matrix_are_not_treated_as_aliased() -> None:
             # trace; torch's ``clone()`` makes these column blocks contiguous, so a
             # ``reshape``/``view`` in the function would see another layout than eager's.
             # aotkit clones into memory with the input's own strides (``new_empty_strided``
-            # + ``copy``). See Note [Fresh inputs keep their strides] in aotkit_capture.
+            # + ``copy``). See Note [Fresh inputs keep their strides] in aotkit_tracing.
             # Apart from that pair standing for each ``clone``, the graphs are torch's.
             _same_graphs_up_to_strided_clones(ours, theirs)
         else:

@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # The project's one test command. Run from anywhere: bash tools/test.sh
 #
-#   0. uv sync --locked              the workspace venv matches uv.lock (a no-op when it does)
+#   0. uv sync --locked              the workspace venv matches uv.lock (a no-op when it does),
+#                                    then its site-packages compiled to bytecode once (the
+#                                    environment may set PYTHONDONTWRITEBYTECODE: without .pyc
+#                                    files every test subprocess compiled torch's sources again,
+#                                    ~4.5 s per `import torch`; a no-op when they are current)
 #   1. pytest                        every package's tests and tests/, on 2 workers (xdist);
 #                                    slow tests included. Exit 5 (nothing collected) fails.
 #   2. mypy                          strict (from pyproject) over packages/, tests included,
@@ -62,6 +66,10 @@ if ! step "sync" uv sync --locked; then
     echo "steps: 0 passed, 1 failed"
     exit 1
 fi
+
+# See step 0: compileall writes .pyc files whatever PYTHONDONTWRITEBYTECODE says
+site_packages=$(uv run --locked python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+uv run --locked python -m compileall -q -j 0 "$site_packages" packages/*/src >/dev/null 2>&1 || true
 
 test_paths=(packages)
 [[ -d tests ]] && test_paths+=(tests) # git keeps no empty folders: tests/ may be missing

@@ -247,7 +247,7 @@ def checkpoint_dropout(x, w):
     return torch.utils.checkpoint.checkpoint(_sin_dropout, x, w, use_reentrant=False) * 2
 
 
-# ---- higher-order operators (See Note [Higher-order operators] in aotkit_capture) ------
+# ---- higher-order operators (See Note [Higher-order operators] in aotkit_tracing) ------
 
 
 def _cond_branches(x, w):

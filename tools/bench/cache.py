@@ -27,7 +27,7 @@ before they time, ``plain`` does not:
   first forward + backward including whatever it imports on the way (a cold compile's
   fake tensors import ``torch._dynamo``, about a second; a warm hit of nop imports
   nothing: See Note [A restored entry's fake mode made when first needed] in
-  aotkit_capture). Also reported: whether the warm processes imported ``torch._dynamo``.
+  aotkit_cache). Also reported: whether the warm processes imported ``torch._dynamo``.
 * ``compile``: end to end, ``torch.compile(model)`` first forward + backward, with
   ``backend="aotkit_inductor"`` (aotkit's disk cache + Inductor's FX graph cache) against
   torch's ``backend="inductor"`` with its FX graph cache and AOTAutogradCache on. Cold:

@@ -10,7 +10,7 @@ gradients of the two steps must be bitwise equal.
 
 Variants:
   flags     the single pass's backward view flags off (Note [Fake-cache keys of the single
-            pass's backward] in aotkit_capture)
+            pass's backward] in aotkit_tracing)
   fold      the single pass's layers in dispatch modes of their own, as before Note [One
             dispatch frame for aotkit's trace layers]
   flow      min-cut's maximum flow through networkx (Boykov-Kolmogorov), as before Note
@@ -20,9 +20,9 @@ Variants:
   farapart  min-cut without Note [Values read far apart] in aotkit_partitioners (the graphs
             are expected to differ where the rule changes the cut: this lists where it does)
   direct    the backward ops' fake kernels through FakeTensorMode's own route, as before
-            Note [Decompositions run directly on meta] in aotkit_capture
+            Note [Decompositions run directly on meta] in aotkit_tracing
   bn        only the forward's batch norm through FakeTensorMode's own route, as before
-            Note [The forward's batch norm directly on meta] in aotkit_capture
+            Note [The forward's batch norm directly on meta] in aotkit_tracing
 
 Usage:
   uv run --group bench python tools/bench/same_graphs.py --variant flags

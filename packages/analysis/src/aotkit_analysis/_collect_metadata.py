@@ -272,7 +272,7 @@ def collect_metadata(
             wrapped[id(a)] = to_functional(a, leaf=eager_leaf_checks and is_leaf_input(a))
         return wrapped[id(a)]
 
-    # See Note [Effect tokens] in aotkit_capture: the effectful ops' tokens are discovered
+    # See Note [Effect tokens] in aotkit_tracing: the effectful ops' tokens are discovered
     with functionalized(
         keep_input_mutations=keep_input_mutations, allow_token_discovery=True
     ) as mode:

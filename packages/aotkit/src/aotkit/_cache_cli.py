@@ -1,6 +1,6 @@
 """``aotkit cache``: where the on-disk compile cache is, its size, ``list`` and ``clear``.
 
-See Note [On-disk compile cache] in aotkit_capture.
+See Note [On-disk compile cache] in aotkit_cache.
 """
 
 from __future__ import annotations

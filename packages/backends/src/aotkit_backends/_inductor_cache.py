@@ -60,7 +60,7 @@ Inductor's artifact without recomputing Inductor's cache key.
 # load does exactly that (``load_with_key`` with Inductor's default guard evaluation), so
 # an artifact whose guards do not hold for today's sizes is not used: the graph is
 # compiled. aotkit's entry already fixes the graph and its sizes' expressions (its shape
-# facts, See Note [Dynamic shapes in the on-disk cache] in aotkit_capture), up to the
+# facts, See Note [Dynamic shapes in the on-disk cache] in aotkit_cache), up to the
 # symbols' names, which neither the guards (positional over the SymInt inputs) nor the
 # compiled code (sizes read from the inputs) depend on. Handles are recorded and used only
 # where that guard check sees every symbol: each symbol of a tensor input's sizes, strides

@@ -2,7 +2,7 @@
 
 # Note [Unlifted tokens for Inductor]
 # aotkit's graphs with effectful ops take effect tokens as inputs and return them as
-# outputs (See Note [Effect tokens] in aotkit_capture), as torch's do by default. torch
+# outputs (See Note [Effect tokens] in aotkit_tracing), as torch's do by default. torch
 # compiles with Inductor under ``unlift_effect_tokens=True``: Inductor's graphs make their
 # tokens with ``prims._make_token()`` and hand the chains' ends to ``prims._sink_tokens``.
 # ``inductor_compiler`` does the same on a copy of the graph it gets (a token input is a

@@ -209,7 +209,7 @@ class CompiledCache:
         ))
         outputs = OutputLayout()
         flat_fn = flatten_function(self.fn, in_spec, outputs)
-        # See Note [On-disk compile cache] in aotkit_capture: off unless AOTKIT_CACHE=1 or
+        # See Note [On-disk compile cache] in aotkit_cache: off unless AOTKIT_CACHE=1 or
         # disk_cache_config says so, and then only with compilers that offer cache keys
         identity = (
             disk_identity(self.cache_program, in_spec) if disk_cache_enabled(default=False) else None
@@ -276,7 +276,7 @@ def aot_function(
     ``fw_compiler``) the single graph traced when no gradient is needed.
 
     ``disable_functionalization=True`` traces as torch does then: in-place ops stay in the
-    graphs where they ran (See Note [Tracing without functionalization] in aotkit_capture).
+    graphs where they ran (See Note [Tracing without functionalization] in aotkit_tracing).
     ``_disable_torch_fn_metadata_mode`` is accepted for signature compatibility with torch.
     """
     cfg = make_config(

@@ -44,7 +44,7 @@ def fingerprint_or_none(program: Any) -> str | None:
 
 
 # Note [The program in aot_function's disk key]
-# The on-disk key's program part (See Note [On-disk cache keys] in aotkit_capture) must
+# The on-disk key's program part (See Note [On-disk cache keys] in aotkit_cache) must
 # describe everything the flat function traces besides its flat inputs:
 #   * the user's program: the function for aot_function; for aot_module the module itself
 #     (class code, attributes, submodules, hooks), not the aotkit wrapper that calls it.

@@ -90,7 +90,7 @@ class AotAutograd:
         self._given = dict(kwargs, disk_cache=disk_cache)
         self._registered_as: str | None = None
         # the on-disk cache's default for this backend (See Note [On-disk compile cache]
-        # in aotkit_capture): on for aotkit_eager and aotkit_inductor
+        # in aotkit_cache): on for aotkit_eager and aotkit_inductor
         self.disk_cache = disk_cache
 
     # Note [Pickling a backend]

@@ -67,7 +67,7 @@ def input_key(
     for i, a in enumerate(flat_args):
         if isinstance(a, torch.Tensor):
             rg = a.requires_grad
-            # See Note [Autocast's cast cache in the trace] in aotkit_capture
+            # See Note [Autocast's cast cache in the trace] in aotkit_tracing
             leaf = rg and a.is_leaf and not a._is_view()
             if dynamic and i >= num_static:
                 parts.append((a.dtype, a.device, a.layout, a.dim(), rg, leaf))

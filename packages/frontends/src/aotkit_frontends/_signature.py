@@ -60,7 +60,7 @@ def build_graph_signature(
     """
     inputs = graph_input_names(gm)
     outputs = graph_output_names(gm)
-    # See Note [Effect tokens] in aotkit_capture: the tokens lead the inputs and outputs
+    # See Note [Effect tokens] in aotkit_tracing: the tokens lead the inputs and outputs
     n_tokens = len(meta.tokens)
     input_tokens, inputs = inputs[:n_tokens], inputs[n_tokens:]
     output_tokens, outputs = outputs[:n_tokens], outputs[n_tokens:]

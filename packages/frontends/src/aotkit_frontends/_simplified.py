@@ -122,7 +122,7 @@ _DISK_CACHE_DEFAULT: contextvars.ContextVar[bool] = contextvars.ContextVar(
 def disk_cache_default(enabled: bool) -> Iterator[None]:
     """Whether aot_module_simplified uses the on-disk cache when neither AOTKIT_CACHE nor
     ``disk_cache_config.enabled`` decides: on for the aotkit torch.compile backends, off
-    for direct calls. See Note [On-disk compile cache] in aotkit_capture."""
+    for direct calls. See Note [On-disk compile cache] in aotkit_cache."""
     token = _DISK_CACHE_DEFAULT.set(enabled)
     try:
         yield
@@ -235,7 +235,7 @@ def aot_module_simplified(
         return outputs.record(out)
 
     debug_assert = functorch_config.debug_assert
-    # See Note [On-disk compile cache] in aotkit_capture
+    # See Note [On-disk compile cache] in aotkit_cache
     identity = fingerprint_or_none(mod) if disk_cache_enabled(_DISK_CACHE_DEFAULT.get()) else None
     if late_passes is not None:
         identity = passes_identity(identity, late_passes)

@@ -89,7 +89,7 @@ def python_mode_reason(func: Any) -> str:
     graph took the path it took] in aotkit_capture)."""
     if isinstance(func, torch._ops.OpOverload) and has_effects(func):
         return f"{func} is effectful (effect tokens need the Python functionalization mode)"
-    # See Note [Higher-order operators] in aotkit_capture
+    # See Note [Higher-order operators] in aotkit_tracing
     hop = "the higher-order operator " if isinstance(func, torch._ops.HigherOrderOperator) else ""
     return f"{hop}{func} needs the Python functionalization mode"
 
@@ -168,7 +168,7 @@ class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
     Higher-order operators (``torch.cond``, ``map``, ...) reach ``__torch_dispatch__``
     with this mode popped; they run below it unchecked (their bodies may not mutate their
     operands: torch's own checks raise for that) and mark the program as needing the
-    Python mode. See Note [Higher-order operators] in aotkit_capture.
+    Python mode. See Note [Higher-order operators] in aotkit_tracing.
     """
 
     supports_higher_order_operators = True
@@ -176,7 +176,7 @@ class EagerInplaceChecks(TorchDispatchMode):  # type: ignore[no-untyped-call]
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         # lets torch.cond & co. trace their branches with dynamo under this mode
-        # (See Note [Higher-order operators] in aotkit_capture)
+        # (See Note [Higher-order operators] in aotkit_tracing)
         return True
 
     def __init__(self, leaf_inputs: Iterable[torch.Tensor]) -> None:

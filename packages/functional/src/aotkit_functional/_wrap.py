@@ -29,7 +29,7 @@ def functionalized(
 
     ``allow_token_discovery``: an effectful op with no token for its effect creates one
     (the metadata pass, and a joint's backward); otherwise it raises. See Note [Effect
-    tokens] in aotkit_capture.
+    tokens] in aotkit_tracing.
 
     The C++ Functionalize key is excluded above the mode so that only the Python mode
     functionalizes (the same arrangement make_fx tracing needs).
@@ -70,7 +70,7 @@ def to_functional(value: Any, *, leaf: bool = False) -> Any:
 # gives the wrapper an ``Error`` grad_fn: it is never a leaf, so the engine lets the traced
 # program write it in place. An input the user passed as a leaf (a weight) is a leaf in
 # eager, and one piece of eager behaviour depends on it: autocast caches its casts of
-# leaves only (See Note [Autocast's cast cache in the trace] in aotkit_capture). With
+# leaves only (See Note [Autocast's cast cache in the trace] in aotkit_tracing). With
 # ``leaf=True`` the wrapper is made without mirroring (requires_grad False), then
 # ``requires_grad_()`` makes it a leaf that requires grad; ``torch.autograd.grad`` with
 # respect to it reads the gradient at its accumulator, as for any leaf. The inner

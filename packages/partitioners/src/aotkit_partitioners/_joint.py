@@ -72,7 +72,7 @@ def is_impure(node: torch.fx.Node, *, impure_random: bool) -> bool:
         return impure_random
     if target is with_effects:
         # an effectful op runs once per call, in its own graph: never recomputed (See
-        # Note [Effect tokens] in aotkit_capture)
+        # Note [Effect tokens] in aotkit_tracing)
         return True
     if not isinstance(target, torch._ops.OpOverload):
         return bool(node.is_impure(impure_random=impure_random))

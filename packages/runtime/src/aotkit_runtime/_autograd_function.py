@@ -160,7 +160,7 @@ class AutogradPlan:
     # the node has no edge to them (See Note [Inputs the backward never reaches])
     gradless_inputs: tuple[int, ...] = ()
     # inputs that require grad and that the backward graph writes to; a backward that
-    # records a graph raises (See Note [Data mutations in the backward] in aotkit_capture)
+    # records a graph raises (See Note [Data mutations in the backward] in aotkit_tracing)
     backward_mutated_inputs: tuple[int, ...] = ()
     # per tangent, how to build the zero tangent of an unused subclass output (None: a
     # plain tangent); See Note [Zero tangents of subclass outputs]

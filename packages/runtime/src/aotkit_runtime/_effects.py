@@ -1,4 +1,4 @@
-"""Calling graphs that thread effect tokens. See Note [Effect tokens] in aotkit_capture.
+"""Calling graphs that thread effect tokens. See Note [Effect tokens] in aotkit_tracing.
 
 A forward (or inference) graph with effectful ops takes ``num_tokens`` leading token
 inputs and returns as many leading token outputs; a backward takes its tokens after the

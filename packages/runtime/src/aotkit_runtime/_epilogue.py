@@ -69,7 +69,7 @@ def _apply_input_mutation(
             if _same_memory(original, updated):
                 # a graph traced without functionalization wrote the input itself: copying
                 # it onto itself would only bump its version (and fail a backward that saved
-                # it). See Note [Tracing without functionalization] in aotkit_capture.
+                # it). See Note [Tracing without functionalization] in aotkit_tracing.
                 return
             with torch.no_grad():
                 original.copy_(updated)

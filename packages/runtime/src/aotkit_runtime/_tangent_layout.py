@@ -55,7 +55,7 @@ def _contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
     """``torch._prims_common.make_contiguous_strides_for`` for int sizes (a dimension of
     size 0 or 1 counts as 1), without its ``torch._check`` of each size: that imports
     sympy the first time, 0.25 s of a warm start that traces nothing (See Note [A restored
-    entry's fake mode made when first needed] in aotkit_capture)."""
+    entry's fake mode made when first needed] in aotkit_cache)."""
     strides = []
     step = 1
     for d in reversed(size):

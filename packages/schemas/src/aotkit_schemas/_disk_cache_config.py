@@ -1,4 +1,4 @@
-"""Settings of the on-disk compile cache (See Note [On-disk compile cache] in aotkit_capture)."""
+"""Settings of the on-disk compile cache (See Note [On-disk compile cache] in aotkit_cache)."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def reads_graph_only(compiler: Callable[..., Any] | None) -> bool:
 # Note [Compilers that ignore their example inputs]
 # A compiler gets the fake values of its graph's inputs as ``example_inputs``. A graph
 # restored from aotkit's on-disk cache builds a node's fake value when it is first read
-# (See Note [Lazy node values of restored graphs] in aotkit_capture), about 25 us each;
+# (See Note [Lazy node values of restored graphs] in aotkit_cache), about 25 us each;
 # a backward graph takes every saved activation as an input (compare.py's pointwise
 # backward: 96), and aotkit's ``nop`` never looks at them. A compiler that never reads
 # ``example_inputs`` can say so with ``mark_example_inputs_unused``; aotkit may then hand

@@ -29,7 +29,7 @@
 # advance the generator, replays restore it. With the switch off (``functionalize_rng(False)``)
 # random ops are never recomputed (their results are saved), and a checkpointed region
 # whose recomputation draws random numbers raises (eager replays the forward's draws;
-# See Note [Checkpointed random ops with functionalized RNG off] in aotkit_capture).
+# See Note [Checkpointed random ops with functionalized RNG off] in aotkit_tracing).
 """
 
 from __future__ import annotations

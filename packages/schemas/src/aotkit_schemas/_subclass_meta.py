@@ -51,7 +51,7 @@
 #     symbolic sizes (torch 2.15 raises there; See Note [Zero tangents of subclass
 #     outputs] in aotkit_runtime).
 #   * Effect tokens. The desugared graphs thread effect tokens as plain programs do
-#     (tokens first, plain: See Note [Effect tokens] in aotkit_capture), as torch does.
+#     (tokens first, plain: See Note [Effect tokens] in aotkit_tracing), as torch does.
 #   * Symbolic sizes. Under ``dynamic=True`` outer sizes and strides may be SymInts (See
 #     Note [Symbolic outer sizes of subclasses]).
 #   * Limits. The export entry points

@@ -27,7 +27,7 @@
 # A program with effectful ops adds effect tokens around all of this: the forward takes
 # ``len(tokens)`` token inputs first and returns the tokens first, and the backward takes
 # ``num_backward_tokens`` tokens after the tangents and returns them after the gradients.
-# The runtime hides them (See Note [Effect tokens] in aotkit_capture), so positions above
+# The runtime hides them (See Note [Effect tokens] in aotkit_tracing), so positions above
 # are counted without them.
 """
 
@@ -81,7 +81,7 @@ class ViewAndMutationMeta:
     # Map of effect type (``EffectType.ORDERED``) to the token the metadata pass threaded
     # through the forward's effectful ops, in discovery order: one leading token input
     # and one leading token output of the forward (or inference) graph per entry. Empty
-    # when the forward runs no effectful op. See Note [Effect tokens] in aotkit_capture.
+    # when the forward runs no effectful op. See Note [Effect tokens] in aotkit_tracing.
     tokens: Mapping[Any, Any] = field(default_factory=dict)
     # Number of tokens the backward graph takes last and returns last (its effectful ops'
     # own chains); known after the joint trace. See Note [Effect tokens].

@@ -120,7 +120,7 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
     @classmethod
     def ignore_compile_internals(cls) -> bool:
         # lets torch.cond & co. trace their branches with dynamo under this mode
-        # (See Note [Higher-order operators] in aotkit_capture)
+        # (See Note [Higher-order operators] in aotkit_tracing)
         return True
 
     def __torch_dispatch__(

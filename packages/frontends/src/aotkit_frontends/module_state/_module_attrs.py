@@ -34,7 +34,7 @@
 # next compilation then traces it, and a tensor there raises the captured-tensor error,
 # while a trace that read an arbitrary object raises ``UnsupportedInputError``, as torch
 # does for opaque inputs: aotkit cannot check what the graph baked in from it.
-# On disk (See Note [On-disk compile cache] in aotkit_capture), an entry is stored under
+# On disk (See Note [On-disk compile cache] in aotkit_cache), an entry is stored under
 # the program's fingerprint extended with the values of every slot (read or not: what was
 # read is not stored), and not at all when a slot holds a value that is not plain; a
 # compilation restored from it ran no trace, so it watches every slot. Before, a second
