@@ -259,7 +259,8 @@ def compile_traced(
     """Trace, partition and compile ``flat_fn`` for inputs shaped like ``flat_args``.
 
     Returns ``runner(flat_args) -> flat graph outputs`` (user outputs only). The public
-    entry, ``compile_flat``, adds the on-disk cache (See Note [On-disk compile cache]).
+    entry, ``compile_flat``, adds a compile cache around it (See Note [The compile cache
+    seam] in aotkit_schemas).
     """
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
     compile_in = functools.partial(_compile_flat, flat_fn, flat_args, cfg)
@@ -273,6 +274,7 @@ def _compile_flat(
     flat_fn: FlatFn, flat_args: Sequence[Any], cfg: AOTConfig, fake_mode: FakeTensorMode,
     shape_env: Any,
 ) -> tuple[Runner, CompiledArtifacts]:
+    # the steps of docs/architecture.md: 1. input layout
     layout = compute_input_layout(flat_args)
     # See Note [A failed trace leaves autocast as it found it]
     with (
@@ -285,6 +287,7 @@ def _compile_flat(
         # See Note [Why a graph took the path it took]
         skipped = single_pass_blocker(flat_args, layout, cfg, shape_env)
         if skipped is None:
+            # 2. fakify; 3+4. metadata and joint in one trace (the single pass)
             fake_args = _fakify(flat_args, layout, cfg, fake_mode, shape_env)
             single = _try_single_pass(flat_fn, fake_args, layout, cfg)
             if isinstance(single, str):
@@ -297,13 +300,16 @@ def _compile_flat(
                 meta=meta, layout=layout, single_pass=True, native_functionalization=True
             )
             relative = _relative_offsets(meta, fake, fw_outs)
+            # 5. partition, 6. compile
             call = _compile_training(traced_fn, fake, meta, cfg, artifacts, traced=traced)
         else:
+            # 2. fakify, 3. metadata, 4. trace, 5. partition, 6. compile: the general flow
             call, artifacts, meta, layout, fake, relative = _compile_two_pass(
                 flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake_args, skipped
             )
     notify_compiled(artifacts)
     artifacts.relative_offsets = relative
+    # 7. wrap: the autograd.Function, the epilogue and the shape guards
     return finish(call, artifacts, meta, layout, cfg, fake, flat_args, shape_env, relative)
 
 
