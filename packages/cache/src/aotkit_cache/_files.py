@@ -15,7 +15,7 @@
 # ``CacheSidecar``), and the forward/backward or inference graphs in a structured form:
 # every node with its op, name, target, arguments and the shape/stride/dtype/device/
 # requires_grad of its value (See Note [Graph nodes in the cache JSON] in
-# ``_disk_cache_graph``; each distinct value stored once: See Note [The value table of a
+# ``entry._graph``; each distinct value stored once: See Note [The value table of a
 # cached graph]).
 # Invariants:
 #   * Never unpickle, never evaluate. Targets are looked up, not evaluated: ATen overloads

@@ -1,5 +1,5 @@
 """Graphs in the on-disk cache: FX graphs as JSON and back (See Note [On-disk compile
-cache] in ``_disk_cache``).
+cache] in ``aotkit_cache._files``).
 
 # Note [Graph nodes in the cache JSON]
 # A graph is ``{"nodes": [...], "vals": [...]}`` (plus ``"subgraphs"`` and

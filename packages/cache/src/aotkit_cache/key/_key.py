@@ -29,7 +29,7 @@
 #     name plus the decomposition's code; Inductor's config when one comes from Inductor),
 #     keep_inference_input_mutations, parameter count, static inputs;
 #   * custom operators' code and schemas (See Note [Custom operators in the on-disk cache
-#     key] in ``_disk_cache_ops``);
+#     key] in ``_ops``);
 #   * the versions: torch's, the cache format's, and a hash of aotkit's own sources (a
 #     development checkout changes without a version bump).
 # Modules are fingerprinted with every attribute that is not nn.Module bookkeeping (private

@@ -22,7 +22,7 @@
 # ``custom_op``) cannot be keyed on their code: a compilation whose trace reaches one is
 # not cached (logged, named with the fix), wherever it was registered; the others are
 # (See Note [Refusing only the compilations that reach an unkeyable kernel] in
-# ``_disk_cache_reach``, ``unkeyable_operators``). Found by
+# ``_reach``, ``unkeyable_operators``). Found by
 # ``torch._C._dispatch_dump``'s "registered at" sites: a kernel registered from torch's
 # own files (or torch's C++ build) is torch's, covered by torch's version.
 # Known gaps, documented: torch's own Python Meta kernels of ``aten`` ops, and every
@@ -72,7 +72,7 @@ _dumps: dict[str, tuple[str, str, dict[str, str]]] = {}
 def unkeyable_operators() -> dict[str, str]:
     """The operators (``"ns::name"``) that have a Python kernel the key cannot read back,
     each with why and the fix. See Note [Refusing only the compilations that reach an
-    unkeyable kernel] in ``_disk_cache_reach``."""
+    unkeyable kernel] in ``_reach``."""
     impls = torch.library._impls
     _classify_new(impls)
     # still registered only (a destroyed Library takes its kernels away)
