@@ -61,6 +61,7 @@ from ._saved_tensor_hooks import (
 from ._shape_guards import ShapeGuard, guardable_positions
 from ._single_pass import trace_single_pass
 from ._static_inputs import partition_kwargs, static_lifetime_indices
+from ._symbolic_members import with_symbolic_members
 from ._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
 from ._subclass_calls import subclass_inference_call, subclass_training_call
 from ._trace import NATIVE_FALLBACK_KEY, STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
@@ -331,10 +332,12 @@ def _compile_two_pass(
     with_bases = compute_input_layout(flat_args, mutated)
     mutated_users: tuple[int, ...] | None = None
     if with_bases.key != layout.key:
-        layout = with_bases
         mutated_users = tuple(i for i in range(len(flat_args)) if mutated(i))
+        fake = _fakify(flat_args, with_bases, cfg, fake_mode, shape_env)
+        # See Note [Symbolic geometry of aliased members]
+        layout = with_symbolic_members(with_bases, flat_args, fake, fake_mode, shape_env)
         meta, fake, traced_fn, fw_outs = _metadata(
-            flat_fn, flat_args, layout, cfg, fake_mode, shape_env
+            flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake
         )
     if meta.is_train and not _output_needs_grad(meta):
         meta = _as_inference(meta, cfg.keep_inference_input_mutations)
