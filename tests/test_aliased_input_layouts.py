@@ -24,14 +24,9 @@ from typing import Any
 import pytest
 import torch
 import torch._dynamo
+from _aliasing import EAGER_FALLBACK, Inputs, assert_same, observe
 from aotkit_backends import inductor_available, inductor_unavailable_reason, nop
 from aotkit_frontends import aot_function, aot_module_simplified, register_dynamo_backends
-
-EAGER_FALLBACK = "runs the module eagerly"
-
-# one call's inputs: (buffers to observe after the call, leaves whose .grad to observe,
-# the arguments)
-Inputs = tuple[list[torch.Tensor], list[torch.Tensor], tuple[Any, ...]]
 
 
 @pytest.fixture(autouse=True)
@@ -40,48 +35,6 @@ def _fresh_dynamo() -> Iterator[None]:
     torch._dynamo.reset()
     yield
     torch._dynamo.reset()
-
-
-def observe(fn: Callable[..., Any], make: Callable[[int], Inputs], n_calls: int) -> list[Any]:
-    """Per call: the outputs (values and shapes), the buffers after the call, and the
-    gradients of the leaves after a backward of every output that requires grad."""
-    seen: list[Any] = []
-    for k in range(n_calls):
-        buffers, leaves, args = make(k)
-        out = fn(*args)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        grads = None
-        if leaves:
-            loss = sum(
-                ((o * (torch.arange(o.numel()).reshape(o.shape) + 1.0)).sum()
-                 for o in outs if o.requires_grad),
-                torch.zeros(()),
-            )
-            loss.backward()
-            grads = [None if x.grad is None else x.grad.clone() for x in leaves]
-        seen.append((
-            [(tuple(o.shape), o.detach().clone()) for o in outs],
-            [b.detach().clone() for b in buffers],
-            grads,
-        ))
-    return seen
-
-
-def assert_same(expected: Sequence[Any], got: Sequence[Any], who: str) -> None:
-    assert len(expected) == len(got)
-    for call, (e, g) in enumerate(zip(expected, got, strict=True)):
-        (e_outs, e_bufs, e_grads), (g_outs, g_bufs, g_grads) = e, g
-        where = f"{who}, call {call}"
-        assert [s for s, _ in g_outs] == [s for s, _ in e_outs], f"{where}: output shapes"
-        for (_, ev), (_, gv) in zip(e_outs, g_outs, strict=True):
-            torch.testing.assert_close(gv, ev, msg=lambda m, w=where: f"{w}: output: {m}")
-        for eb, gb in zip(e_bufs, g_bufs, strict=True):
-            torch.testing.assert_close(gb, eb, msg=lambda m, w=where: f"{w}: buffer: {m}")
-        assert (e_grads is None) == (g_grads is None), where
-        for eg, gg in zip(e_grads or (), g_grads or (), strict=True):
-            assert (eg is None) == (gg is None), f"{where}: grad presence"
-            if eg is not None:
-                torch.testing.assert_close(gg, eg, msg=lambda m, w=where: f"{w}: grad: {m}")
 
 
 def compiled(backend: str, dynamic: bool | None) -> Callable[[Callable[..., Any]], Any]:
