@@ -11,7 +11,11 @@
 # The compiled inputs are ``(*synthetic bases, *kept user inputs in order)``, torch's order
 # (so ``primals_1`` is the first base and parameters need not come first). The layout is
 # a function of the runtime aliasing pattern, so the frontend computes it on every call and
-# compiles once per distinct pattern (it never assumes the first call's pattern).
+# compiles once per distinct pattern (it never assumes the first call's pattern);
+# aot_module_simplified, which compiles once, checks it on every call instead (See Note
+# [Runtime checks of the input layout] in aotkit_frontends). Under dynamo the members'
+# geometry in the trace may be symbolic (``traced_geometry``: See Note [Symbolic geometry
+# of aliased members] in aotkit_capture).
 #
 # Data mutations of a member land in the base and every member sees them. Two things the
 # metadata of the compiled function can't say about a member are recorded while tracing

@@ -197,7 +197,9 @@ def aot_module_simplified(
     break an assumption of the compilation (a duplicated input no longer duplicated;
     under ``torch._functorch.config.debug_assert``, an input that now requires grad), and
     when the traced joint graph holds a fake tensor constant; see Note [Runtime checks of
-    aot_module_simplified].
+    aot_module_simplified]. A call whose inputs alias each other otherwise than the
+    compiled graph assumes (a written input that now overlaps another, or overlaps it at
+    another offset) runs the module eagerly; see Note [Runtime checks of the input layout].
     """
     del compiler_config_extra, compile_region_name, cudagraphs
     # See Note [Pre-grad passes after the cache lookup]
