@@ -315,3 +315,20 @@ def test_no_check_without_input_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     torch.testing.assert_close(bn.running_var, reference.running_var)
     assert made[-1] is not None
     assert not full
+
+
+def test_aot_module_simplified_distinct_then_duplicate(caplog: pytest.LogCaptureFixture) -> None:
+    """Compiled for two distinct tensors, the first written; called with one tensor twice:
+    eager's answer (the write seen through the second argument), the reason logged."""
+
+    class M(torch.nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor]:
+            return (write_first_mul(a, b),)
+
+    caplog.set_level(logging.INFO, logger="aotkit.cache.recompiles")
+    fwd = aot_module_simplified(M(), (torch.arange(4.0), torch.arange(4.0)), nop)
+    x, ex = torch.arange(4.0), torch.arange(4.0)
+    (out,) = fwd(x, x)
+    torch.testing.assert_close(out, write_first_mul(ex, ex))
+    torch.testing.assert_close(x, ex)
+    assert "input 1 is input 0" in caplog.text

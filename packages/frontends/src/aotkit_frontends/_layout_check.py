@@ -70,7 +70,9 @@ def written_or_all(artifacts: CompiledArtifacts, flat_args: Sequence[Any]) -> fr
     """The inputs whose writes shaped the layout (every distinct tensor input when the
     metadata does not say)."""
     found = written_inputs(artifacts, len(flat_args))
-    return found[0] if found is not None else frozenset(_storage_positions(flat_args, artifacts.layout))
+    if found is None:
+        return frozenset(_storage_positions(flat_args, artifacts.layout))
+    return found[0]
 
 
 def _storage_positions(flat_args: Sequence[Any], layout: InputLayout) -> list[int]:
@@ -125,10 +127,20 @@ def describe_layout_change(layout: InputLayout, args: Sequence[Any], written: fr
         runtime = compute_input_layout(args, written.__contains__)
     except RuntimeError as e:
         return f"the inputs' aliasing has no compiled form ({e})"
+    if layout.first_occurrence != runtime.first_occurrence:
+        return (
+            "the inputs passed more than once changed: compiled for "
+            f"{_duplicates(layout)}, called with {_duplicates(runtime)}"
+        )
     return (
         f"the inputs' aliasing changed: compiled for {_describe(layout)}, called with "
         f"{_describe(runtime)}"
     )
+
+
+def _duplicates(layout: InputLayout) -> str:
+    pairs = [f"input {i} is input {f}" for i, f in enumerate(layout.first_occurrence) if f != i]
+    return ", ".join(pairs) or "distinct inputs"
 
 
 def _describe(layout: InputLayout) -> str:
