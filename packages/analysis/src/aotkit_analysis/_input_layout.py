@@ -34,7 +34,6 @@ from typing import Any, cast
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-
 # (size, stride, storage_offset) of a tensor
 Geometry = tuple[tuple[int, ...], tuple[int, ...], int]
 

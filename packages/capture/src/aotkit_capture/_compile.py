@@ -61,9 +61,9 @@ from ._saved_tensor_hooks import (
 from ._shape_guards import ShapeGuard, guardable_positions
 from ._single_pass import trace_single_pass
 from ._static_inputs import partition_kwargs, static_lifetime_indices
-from ._symbolic_members import with_symbolic_members
 from ._subclass import SubclassLayer, check_layer_applies, needs_subclass_layer
 from ._subclass_calls import subclass_inference_call, subclass_training_call
+from ._symbolic_members import with_symbolic_members
 from ._trace import NATIVE_FALLBACK_KEY, STALE_TANGENTS_KEY, FlatFn, trace_inference, trace_joint
 from ._unfunctionalized import without_effect_tokens
 
