@@ -42,7 +42,8 @@ MODES = (
     "aot_function", "aot_function_dynamic", "aotkit_eager", "aotkit_eager",
     "aotkit_eager_dynamic", "aotkit_eager_dynamic",
 )
-PLACEMENTS = ("window", "window", "window", "same", "other_buffer")
+# ``flat``: a 1-d window of the flattened buffer, starting inside a row
+PLACEMENTS = ("window", "window", "window", "flat", "same", "other_buffer")
 
 
 @dataclass(frozen=True)
@@ -62,10 +63,17 @@ class CallPattern:
     b_start: int
     b_rows: int
 
+    def flat_window(self) -> tuple[int, int]:
+        lo = self.b_start * 2 + 1
+        return lo, lo + self.b_rows * 2
+
     def describe(self) -> str:
         a = f"a = buf[{self.a_start}:{self.a_start + self.a_rows}]"
         if self.placement == "same":
             return f"{a}, b = a"
+        if self.placement == "flat":
+            lo, hi = self.flat_window()
+            return f"{a}, b = buf.view(-1)[{lo}:{hi}]"
         where = "buf" if self.placement == "window" else "other"
         return f"{a}, b = {where}[{self.b_start}:{self.b_start + self.b_rows}]"
 
@@ -120,7 +128,7 @@ def make_function(steps: Sequence[Step]) -> Callable[..., Any]:
 def make_inputs(scenario: Scenario) -> Callable[[int], Inputs]:
     def make(k: int) -> Inputs:
         c = scenario.calls[k]
-        rows = max(c.a_start + c.a_rows, c.b_start + c.b_rows)
+        rows = max(c.a_start + c.a_rows, c.b_start + c.b_rows + 1)
         data = [
             torch.arange(float(rows * COLS)).reshape(rows, COLS) / 4,
             torch.arange(float(rows * COLS)).reshape(rows, COLS) / 8 + 100,
@@ -133,6 +141,9 @@ def make_inputs(scenario: Scenario) -> Callable[[int], Inputs]:
         a = buf[c.a_start:c.a_start + c.a_rows]
         if c.placement == "same":
             b = a
+        elif c.placement == "flat":
+            lo, hi = c.flat_window()
+            b = buf.view(-1)[lo:hi]
         else:
             src = buf if c.placement == "window" else other
             b = src[c.b_start:c.b_start + c.b_rows]
@@ -216,10 +227,12 @@ def _fresh_dynamo() -> Iterator[None]:
 
 def _shares_without_overlap(scenario: Scenario, k: int) -> bool:
     c = scenario.calls[k]
-    if c.placement != "window":
-        return False
-    a_rows = set(range(c.a_start, c.a_start + c.a_rows))
-    return not a_rows & set(range(c.b_start, c.b_start + c.b_rows))
+    a = set(range(c.a_start * COLS, (c.a_start + c.a_rows) * COLS))
+    if c.placement == "window":
+        return not a & set(range(c.b_start * COLS, (c.b_start + c.b_rows) * COLS))
+    if c.placement == "flat":
+        return not a & set(range(*c.flat_window()))
+    return False
 
 
 def check_scenario(scenario: Scenario) -> list[str]:
