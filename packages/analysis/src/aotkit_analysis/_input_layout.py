@@ -11,7 +11,11 @@
 # The compiled inputs are ``(*synthetic bases, *kept user inputs in order)``, torch's order
 # (so ``primals_1`` is the first base and parameters need not come first). The layout is
 # a function of the runtime aliasing pattern, so the frontend computes it on every call and
-# compiles once per distinct pattern (it never assumes the first call's pattern).
+# compiles once per distinct pattern (it never assumes the first call's pattern);
+# aot_module_simplified, which compiles once, checks it on every call instead (See Note
+# [Runtime checks of the input layout] in aotkit_frontends). Under dynamo the members'
+# geometry in the trace may be symbolic (``traced_geometry``: See Note [Symbolic geometry
+# of aliased members] in aotkit_capture).
 #
 # Data mutations of a member land in the base and every member sees them. Two things the
 # metadata of the compiled function can't say about a member are recorded while tracing
@@ -22,12 +26,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+# (size, stride, storage_offset) of a tensor
+Geometry = tuple[tuple[int, ...], tuple[int, ...], int]
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,10 @@ class AliasedMember:
     stride: tuple[int, ...]
     storage_offset: int
     dtype: torch.dtype
+
+    @property
+    def geometry(self) -> Geometry:
+        return (self.size, self.stride, self.storage_offset)
 
 
 @dataclass(frozen=True)
@@ -93,10 +105,47 @@ class InputLayout:
     key: tuple[Any, ...] = field(init=False)
     # recorded by the function ``wrap_for_tracing`` returns; not part of the key
     member_effects: MemberEffects = field(default_factory=MemberEffects, compare=False)
+    # user index -> the (size, stride, storage_offset) a member is regenerated with in the
+    # trace, where some of it is symbolic; not part of the key. See Note [Symbolic
+    # geometry of aliased members]
+    traced_geometry: dict[int, Geometry] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
         assert len(self.first_occurrence) == self.num_user_inputs
         object.__setattr__(self, "key", (self.first_occurrence, self.synthetic_bases))
+
+    def with_traced_geometry(self, geometry: dict[int, Geometry]) -> InputLayout:
+        """This layout, its members regenerated in the trace with ``geometry`` (symbolic
+        where the caller's fake inputs are). See Note [Symbolic geometry of aliased
+        members]."""
+        return dataclasses.replace(self, traced_geometry=dict(geometry))
+
+    def admits(self, runtime: InputLayout) -> bool:
+        """Whether a graph compiled for this layout computes eager's values for inputs
+        whose layout is ``runtime``: the same dedupe, the same inputs passed through, the
+        same synthetic-base groups (members, base, dtypes) and the same member geometry,
+        except where the trace took it symbolically. See Note [Runtime checks of the
+        input layout] in aotkit_frontends."""
+        if (
+            self.first_occurrence != runtime.first_occurrence
+            or self.kept != runtime.kept
+            or len(self.synthetic_bases) != len(runtime.synthetic_bases)
+        ):
+            return False
+        for g, h in zip(self.synthetic_bases, runtime.synthetic_bases, strict=True):
+            if (
+                g.base_user_index != h.base_user_index
+                or g.common_view_base_of != h.common_view_base_of
+                or len(g.members) != len(h.members)
+            ):
+                return False
+            for m, n in zip(g.members, h.members, strict=True):
+                if m.user_index != n.user_index or m.dtype != n.dtype:
+                    return False
+                traced = self.traced_geometry.get(m.user_index, m.geometry)
+                if not _geometry_admits(traced, n.geometry):
+                    return False
+        return True
 
     @property
     def is_trivial(self) -> bool:
@@ -144,7 +193,8 @@ class InputLayout:
                     # compiled base, as torch regenerates them (its graphs name the
                     # nodes after this order)
                     src = base if base.dtype == m.dtype else base.view(m.dtype)
-                    user[m.user_index] = src.as_strided(m.size, m.stride, m.storage_offset)
+                    size, stride, offset = layout.traced_geometry.get(m.user_index, m.geometry)
+                    user[m.user_index] = src.as_strided(size, stride, offset)
             for i, first in enumerate(layout.first_occurrence):
                 if first != i:
                     user[i] = user[first]
@@ -167,13 +217,46 @@ class InputLayout:
         for m in members:
             t = user[m.user_index]
             after = (tuple(t.shape), tuple(t.stride()), t.storage_offset())
+            traced = self.traced_geometry.get(m.user_index, m.geometry)
+            if _same_geometry(after, traced):
+                continue
             if not all(type(v) is int for v in (*after[0], *after[1], after[2])):
                 raise RuntimeError(
-                    "aotkit: an input that aliases another mutated input has symbolic "
-                    "sizes; clone it before the call or compile with static shapes."
+                    "aotkit: the function changes the size, stride or offset of an input "
+                    "that aliases another mutated input, and its sizes are symbolic; clone "
+                    "it before the call or compile with static shapes."
                 )
-            if after != (m.size, m.stride, m.storage_offset):
-                effects.new_metadata[m.user_index] = after
+            effects.new_metadata[m.user_index] = cast(Geometry, after)
+
+
+def _flat_geometry(g: Geometry) -> tuple[Any, ...]:
+    return (len(g[0]), len(g[1]), *g[0], *g[1], g[2])
+
+
+def _same_geometry(a: Geometry, b: Geometry) -> bool:
+    """Structural equality, asking nothing of a ShapeEnv: a symbolic element equals only
+    an element with the same expression."""
+    fa, fb = _flat_geometry(a), _flat_geometry(b)
+    return len(fa) == len(fb) and all(
+        _canonical(x) == _canonical(y) for x, y in zip(fa, fb, strict=True)
+    )
+
+
+def _canonical(v: Any) -> Any:
+    """An int, or a SymInt's expression (an int when it is a constant)."""
+    if type(v) is int:
+        return v
+    as_int = v.node.maybe_as_int()
+    return as_int if as_int is not None else v.node.expr
+
+
+def _geometry_admits(traced: Geometry, runtime: Geometry) -> bool:
+    """Whether a member traced with ``traced`` (ints, or SymInts whose values the graph
+    takes as inputs) fits ``runtime`` (ints): every int element matches."""
+    ft, fr = _flat_geometry(traced), _flat_geometry(runtime)
+    return len(ft) == len(fr) and all(
+        not isinstance(c := _canonical(x), int) or c == y for x, y in zip(ft, fr, strict=True)
+    )
 
 
 def _make_base(flat_args: Sequence[Any], group: SyntheticBaseGroup) -> torch.Tensor:

@@ -4,7 +4,10 @@
 # torch's aot_function compiles once and reuses the graph for any later inputs. aotkit keys
 # its compiled entries on what the graph was specialized to, so that a graph is never run
 # on inputs it was not traced for:
-#   * the aliasing pattern of the inputs (Note [Duplicate and aliased inputs]);
+#   * the aliasing pattern of the inputs (Note [Duplicate and aliased inputs]): which are
+#     the same tensor, which share a storage, with their strides and offsets (sizes too
+#     with dynamic shapes), and which tensor each of those is a view of, all of which
+#     decide the synthetic bases;
 #   * grad mode and each tensor's requires_grad (they decide inference vs training), and
 #     whether one that requires grad is an autograd leaf and not a view (autocast caches
 #     its casts of those only: See Note [Autocast's cast cache in the trace]);
@@ -34,6 +37,7 @@ from aotkit_capture import VALUE_KINDS, ambient_key, is_opaque_constant
 def _alias_key(flat_args: Sequence[Any], *, with_shapes: bool) -> tuple[Any, ...]:
     ids: dict[int, int] = {}
     storages: dict[int, int] = {}
+    shared: set[int] = set()
     key: list[Any] = []
     n_tensors = 0
     for i, a in enumerate(flat_args):
@@ -52,7 +56,29 @@ def _alias_key(flat_args: Sequence[Any], *, with_shapes: bool) -> tuple[Any, ...
                 if with_shapes:
                     b = flat_args[other]
                     key.append((a.shape, b.shape, b.stride(), b.storage_offset()))
+                shared.update((i, other))
+    if shared:
+        key.append(("bases", _view_bases(flat_args, sorted(shared), ids)))
     return tuple(key)
+
+
+def _view_bases(
+    flat_args: Sequence[Any], indices: Sequence[int], ids: dict[int, int]
+) -> tuple[Any, ...]:
+    """For inputs that share a storage: which input, or which other tensor (numbered in
+    order of appearance), each one is an autograd view of. The synthetic base of a
+    group is chosen by these relations (See Note [Duplicate and aliased inputs])."""
+    others: dict[int, int] = {}
+    out: list[Any] = []
+    for i in indices:
+        base = flat_args[i]._base
+        if base is None:
+            out.append(None)
+        elif id(base) in ids:
+            out.append(("input", ids[id(base)]))
+        else:
+            out.append(("tensor", others.setdefault(id(base), len(others))))
+    return tuple(out)
 
 
 def input_key(

@@ -16,6 +16,8 @@
 #     compiling, and only for a graph compiled with autograd): an input that did not require
 #     grad at compile time must not require it now ("input i would not require grad"); a
 #     position that held a non-tensor must not get a tensor.
+# The input layout itself (which inputs overlap a written one, and how) is checked too,
+# with a fallback instead of an assertion: See Note [Runtime checks of the input layout].
 # Inputs are numbered as torch's describe_input does: ``parameter/buffer i`` for the first
 # num_params_buffers, then ``input i``; the requires_grad check numbers the compiled
 # (deduplicated) inputs.

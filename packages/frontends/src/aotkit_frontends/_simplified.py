@@ -30,13 +30,14 @@ import torch.fx
 import torch.nn as nn
 from aotkit_capture import call_preserving_node_meta, compile_flat, entered_until_backward_traced
 from aotkit_partitioners import default_partition
-from aotkit_schemas import disk_cache_enabled
+from aotkit_schemas import artifact_enabled, disk_cache_enabled, log_artifact
 from torch._guards import Source, TracingContext
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils import stateless
 
 from ._aot_function import _resolve_partitioner, make_config
 from ._disk_cache import disk_cache, fingerprint_or_none
+from ._layout_check import LayoutCheck, describe_layout_change, layout_check, written_or_all
 from ._outputs import OutputLayout
 from ._pre_grad import check_tensors_kept, passes_identity, pre_grad_timing, tensor_slots
 from ._runtime_asserts import (
@@ -130,14 +131,32 @@ def disk_cache_default(enabled: bool) -> Iterator[None]:
         _DISK_CACHE_DEFAULT.reset(token)
 
 
-def _checked(runner: Callable[[list[Any]], Any], checks: list[Check]) -> Callable[[list[Any]], Any]:
-    if not checks:
-        return runner
+def _checked(
+    runner: Callable[[list[Any]], Any],
+    checks: list[Check],
+    outputs: OutputLayout,
+    fits: LayoutCheck | None,
+    eager: Callable[[list[Any]], Any],
+    describe: Callable[[list[Any]], str],
+) -> Callable[[list[Any]], Any]:
+    """The compiled call with its runtime checks: torch's assertions first, then the
+    layout check, whose misses run ``eager`` (See Note [Runtime checks of the input
+    layout])."""
+    if not checks and fits is None:
+        return lambda flat: outputs.unflatten(runner(flat))
 
     def checked_runner(flat: list[Any]) -> Any:
         for check in checks:
             check(flat)
-        return runner(flat)
+        if fits is not None and not fits(flat):
+            if artifact_enabled("recompiles"):
+                log_artifact(
+                    "recompiles",
+                    "aot_module_simplified runs the module eagerly for this call: %s",
+                    describe(flat),
+                )
+            return eager(flat)
+        return outputs.unflatten(runner(flat))
 
     return checked_runner
 
@@ -179,7 +198,9 @@ def aot_module_simplified(
     break an assumption of the compilation (a duplicated input no longer duplicated;
     under ``torch._functorch.config.debug_assert``, an input that now requires grad), and
     when the traced joint graph holds a fake tensor constant; see Note [Runtime checks of
-    aot_module_simplified].
+    aot_module_simplified]. A call whose inputs alias each other otherwise than the
+    compiled graph assumes (a written input that now overlaps another, or overlaps it at
+    another offset) runs the module eagerly; see Note [Runtime checks of the input layout].
     """
     del compiler_config_extra, compile_region_name, cudagraphs
     # See Note [Pre-grad passes after the cache lookup]
@@ -248,7 +269,17 @@ def aot_module_simplified(
     checks = [duplicate_input_check(artifacts.layout, cfg)]
     if debug_assert and artifacts.meta.is_train:
         checks.append(requires_grad_check(artifacts.layout, full_args, cfg))
-    runner = _checked(runner, [c for c in checks if c is not None])
+    # See Note [Runtime checks of the input layout]
+    fits = layout_check(artifacts, full_args)
+    layout, watched = artifacts.layout, written_or_all(artifacts, full_args)
+
+    def eager(flat: list[Any]) -> Any:
+        return mod(*flat[num_params:])
+
+    def describe(flat: list[Any]) -> str:
+        return describe_layout_change(layout, flat, watched)
+
+    run = _checked(runner, [c for c in checks if c is not None], outputs, fits, eager, describe)
 
     forward: Any  # a function carrying the module's zero_grad/named_* as attributes
     if _is_gm_wrapper(mod):
@@ -256,14 +287,14 @@ def aot_module_simplified(
         def boxed_forward(runtime_args: list[Any]) -> Any:
             flat = [*params_flat, *runtime_args]
             runtime_args.clear()
-            return outputs.unflatten(runner(flat))
+            return run(flat)
 
         boxed_forward._boxed_call = True  # type: ignore[attr-defined]
         forward = boxed_forward
     else:
 
         def unboxed_forward(*runtime_args: Any) -> Any:
-            return outputs.unflatten(runner([*params_flat, *runtime_args]))
+            return run([*params_flat, *runtime_args])
 
         forward = unboxed_forward
     forward.zero_grad = mod.zero_grad

@@ -64,6 +64,7 @@ from aotkit_capture._saved_tensor_hooks import (
 )
 from aotkit_capture._subclass_calls import subclass_inference_call, subclass_training_call
 from aotkit_capture.inputs._fakify import construct_fake_mode, fakify_inputs
+from aotkit_capture.inputs._symbolic_members import with_symbolic_members
 
 from ._compiled_calls import (
     _tracing_context,
@@ -348,10 +349,12 @@ def _compile_two_pass(
     with_bases = compute_input_layout(flat_args, mutated)
     mutated_users: tuple[int, ...] | None = None
     if with_bases.key != layout.key:
-        layout = with_bases
         mutated_users = tuple(i for i in range(len(flat_args)) if mutated(i))
+        fake = _fakify(flat_args, with_bases, cfg, fake_mode, shape_env)
+        # See Note [Symbolic geometry of aliased members]
+        layout = with_symbolic_members(with_bases, flat_args, fake, fake_mode, shape_env)
         meta, fake, traced_fn, fw_outs = _metadata(
-            flat_fn, flat_args, layout, cfg, fake_mode, shape_env
+            flat_fn, flat_args, layout, cfg, fake_mode, shape_env, fake
         )
     if meta.is_train and not _output_needs_grad(meta):
         meta = _as_inference(meta, cfg.keep_inference_input_mutations)
