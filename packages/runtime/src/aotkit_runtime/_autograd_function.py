@@ -89,6 +89,14 @@ from ._call import as_list_caller
 from ._subclass import SubclassZeros
 from ._tangent_layout import TangentLayout, coerce_tangent_layout
 
+# Note [Gradients made with create_graph=True]
+# Autograd runs a node's backward with grad mode on exactly when the caller asked for
+# create_graph=True. The compiled backward runs on the saved tensors, which the forward made
+# without history, so its gradients could not be differentiated again: returned as they
+# are, a gradient that depends on the weights would come back without ``grad_fn`` and a
+# gradient penalty would silently drop out of the loss's gradient. Every tensor gradient
+# such a backward returns carries an error node instead (``_delay_error``), whatever its
+# inputs' flags: differentiating it again raises _DOUBLE_BACKWARD_ERROR.
 _DOUBLE_BACKWARD_ERROR = (
     "aotkit: the compiled backward of this function is not differentiable twice. "
     "Gradients made with create_graph=True can't be differentiated again through an "
@@ -330,9 +338,8 @@ def make_autograd_function(
             # them in the node), so a backward that clears its list frees them early
             del saved, tangents
             ctx.maybe_clear_saved_tensors()
-            if torch.is_grad_enabled() and any(
-                isinstance(t, torch.Tensor) and t.requires_grad for t in all_args
-            ):
+            if torch.is_grad_enabled():
+                # create_graph=True: See Note [Gradients made with create_graph=True]
                 with torch.no_grad():
                     in_grads = [_delay_error(g) for g in bw(all_args)]
             elif not unused:
