@@ -58,7 +58,7 @@ def _fresh(w: torch.Tensor) -> torch.Tensor:
 def test_issue_example_aot_function() -> None:
     w, x = _w_x()
     expected = _penalised(_tanh_sq, _fresh(w), x)
-    _match_or_raise(lambda: _penalised(aot_function(_tanh_sq, nop), _fresh(w), x), expected)
+    assert _match_or_raise(lambda: _penalised(aot_function(_tanh_sq, nop), _fresh(w), x), expected)
 
 
 class _Critic(torch.nn.Module):
@@ -102,10 +102,11 @@ def test_wgan_gp_matches_eager(entry: str) -> None:
     else:
         torch._dynamo.reset()
         compiled = torch.compile(model, backend=entry)
-    _match_or_raise(
-        lambda: _gradient_penalty_step(compiled, list(model.parameters()), real, fake, eps),
-        expected,
-    )
+    got = _gradient_penalty_step(compiled, list(model.parameters()), real, fake, eps)
+    if entry == "aotkit_inductor":
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    else:
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
 def test_subclass_never_silently_wrong() -> None:
@@ -144,9 +145,217 @@ def test_restored_disk_cache_entry(disk_cache_on: Any) -> None:
 
     w, x = _w_x()
     expected = _penalised(_tanh_sq, _fresh(w), x)
-    _match_or_raise(lambda: _penalised(aot_function(_tanh_sq, nop), _fresh(w), x), expected)
+    _penalised(aot_function(_tanh_sq, nop), _fresh(w), x)
     assert cache_counters.get("store") == 1
     cache_counters.clear()
     restored = aot_function(_tanh_sq, nop)
-    _match_or_raise(lambda: _penalised(restored, _fresh(w), x), expected)
+    assert _match_or_raise(lambda: _penalised(restored, _fresh(w), x), expected)
     assert cache_counters.get("hit") == 1
+
+
+def test_gradient_without_history_needs_no_error() -> None:
+    # eager's gradient does not require grad here: f is linear in w
+    f = aot_function(lambda w, x: (x @ w).sum(), nop)
+    w, x = _w_x()
+    (g,) = torch.autograd.grad(f(w, x), w, create_graph=True)
+    (ge,) = torch.autograd.grad((x @ w).sum(), w, create_graph=True)
+    torch.testing.assert_close(g, ge)
+    assert g.requires_grad == ge.requires_grad
+
+
+# ---- higher-order gradients that work -----------------------------------------------
+
+
+def _exact(got: Any, expected: Any) -> None:
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_hessian_vector_product_and_third_derivative() -> None:
+    def f(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (torch.sin(x * w) * x.exp()).sum()
+
+    torch.manual_seed(0)
+    x0, w0, v = torch.randn(6), torch.randn(6), torch.randn(6)
+
+    def derivatives(fn: Callable[..., torch.Tensor]) -> list[torch.Tensor]:
+        x = x0.clone().requires_grad_(True)
+        w = w0.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(fn(x, w), x, create_graph=True)
+        (hv,) = torch.autograd.grad(g, x, v, create_graph=True)  # Hessian-vector product
+        (third,) = torch.autograd.grad(hv.sum(), x, create_graph=True)
+        (fourth_w,) = torch.autograd.grad(third.sum(), w)  # mixed, w: a parameter
+        return [g, hv, third, fourth_w]
+
+    compiled = aot_function(f, nop)
+    got = derivatives(compiled)
+    _exact(got, derivatives(f))
+    assert all(t.requires_grad for t in got[:3])
+    assert len(compiled._aotkit_cache.entries) == 1  # type: ignore[attr-defined]
+
+
+def test_backward_with_create_graph_on_parameters_and_inputs() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Softplus(), torch.nn.Linear(8, 1))
+    x0 = torch.randn(5, 4)
+
+    def run(m: Callable[[torch.Tensor], torch.Tensor]) -> list[Any]:
+        model.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_(True)
+        m(x).sum().backward(create_graph=True)
+        grads = [p.grad for p in model.parameters()] + [x.grad]
+        # differentiate the .grad fields: a penalty on all of them, back to the parameters
+        penalty = sum((g**2).sum() for g in grads if g is not None)
+        assert isinstance(penalty, torch.Tensor)
+        again = torch.autograd.grad(penalty, [*model.parameters(), x], allow_unused=True)
+        return [g.detach() for g in grads if g is not None] + list(again)
+
+    expected = run(model)
+    _exact(run(aot_module(model, nop)), expected)
+
+
+def test_pinn_residual_with_second_derivative() -> None:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Linear(2, 16), torch.nn.Tanh(), torch.nn.Linear(16, 16), torch.nn.Tanh(),
+        torch.nn.Linear(16, 1),
+    )
+    pts = torch.rand(12, 2)
+
+    def loss_and_grads(u_fn: Callable[[torch.Tensor], torch.Tensor]) -> list[Any]:
+        net.zero_grad(set_to_none=True)
+        xt = pts.clone().requires_grad_(True)
+        u = u_fn(xt)
+        (du,) = torch.autograd.grad(u.sum(), xt, create_graph=True)
+        u_x, u_t = du[:, 0], du[:, 1]
+        (du_x,) = torch.autograd.grad(u_x.sum(), xt, create_graph=True)
+        u_xx = du_x[:, 0]
+        residual = u_t - 0.1 * u_xx  # the heat equation
+        loss = (residual**2).mean() + (u**2).mean()
+        loss.backward()
+        return [loss.detach(), *[p.grad for p in net.parameters()]]
+
+    expected = loss_and_grads(net)
+    # the loss reaches the parameters through u and through u_t, u_xx: see
+    # test_first_order_use_after_a_higher_order_one for why the last bits may differ
+    torch.testing.assert_close(loss_and_grads(aot_module(net, nop)), expected)
+    torch._dynamo.reset()
+    torch.testing.assert_close(
+        loss_and_grads(torch.compile(net, backend="aotkit_eager")), expected
+    )
+
+
+def test_first_order_use_after_a_higher_order_one() -> None:
+    w, x = _w_x()
+    compiled = aot_function(_tanh_sq, nop)
+    expected = _penalised(_tanh_sq, _fresh(w), x)
+    # two paths reach w (the loss's, through the compiled backward, and the penalty's):
+    # autograd adds them in another order than eager, so the last bits may differ
+    torch.testing.assert_close(_penalised(compiled, _fresh(w), x), expected)
+    w1 = _fresh(w)
+    compiled(w1, x).backward()
+    we = _fresh(w)
+    _tanh_sq(we, x).backward()
+    _exact(w1.grad, we.grad)
+    # and again higher order, on the same entry
+    torch.testing.assert_close(_penalised(compiled, _fresh(w), x), expected)
+    assert len(compiled._aotkit_cache.entries) == 1  # type: ignore[attr-defined]
+
+
+def test_dropout_inside_a_gradient_penalty_replays_the_forward_draw() -> None:
+    def f(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return (torch.nn.functional.dropout(torch.tanh(x @ w), 0.5, training=True) ** 2).sum()
+
+    w, x = _w_x()
+
+    def run(fn: Callable[..., torch.Tensor]) -> list[Any]:
+        torch.manual_seed(3)
+        g = _penalised(fn, _fresh(w), x)
+        return [g, torch.rand(3)]  # the generator after the step is eager's too
+
+    expected = run(f)
+    torch.testing.assert_close(run(aot_function(f, nop)), expected)  # the mask: exactly
+
+
+def test_batch_norm_in_training_mode() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.BatchNorm1d(6), torch.nn.Tanh())
+    x0 = torch.randn(8, 3)
+
+    def run(m: Callable[[torch.Tensor], torch.Tensor]) -> list[Any]:
+        model.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_(True)
+        out = (m(x) ** 2).sum()
+        (g,) = torch.autograd.grad(out, x, create_graph=True)
+        (out + (g**2).sum()).backward()
+        return [x.grad, *[p.grad for p in model.parameters()], *model.buffers()]
+
+    import copy
+
+    state = copy.deepcopy(model.state_dict())
+    expected = run(model)
+    model.load_state_dict(state)
+    torch.testing.assert_close(run(aot_module(model, nop)), expected)
+
+
+# ---- what can't recompute raises clearly ---------------------------------------------
+
+
+class _StraightThrough(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return torch.round(x)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        return g
+
+
+def test_custom_autograd_function_raises_at_second_differentiation() -> None:
+    def f(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return (_StraightThrough.apply(x @ w) * torch.tanh(w).sum()).sum()
+
+    w, x = _w_x()
+    wc = _fresh(w)
+    (g,) = torch.autograd.grad(aot_function(f, nop)(wc, x), wc, create_graph=True)
+    (ge,) = torch.autograd.grad(f(_fresh(w), x), w, create_graph=True) if False else (None,)
+    del ge
+    with pytest.raises(RuntimeError, match="custom autograd.Function _StraightThrough"):
+        (g**2).sum().backward()
+
+
+def test_tensor_hook_raises_at_second_differentiation() -> None:
+    def f(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        y = torch.tanh(x @ w)
+        y.register_hook(lambda g: g * 2)
+        return (y**2).sum()
+
+    w, x = _w_x()
+    wc = _fresh(w)
+    (g,) = torch.autograd.grad(aot_function(f, nop)(wc, x), wc, create_graph=True)
+    we = _fresh(w)
+    (ge,) = torch.autograd.grad(f(we, x), we, create_graph=True)
+    _exact(g.detach(), ge.detach())  # first order still right
+    with pytest.raises(RuntimeError, match="hook on a tensor"):
+        (g**2).sum().backward()
+
+
+def test_input_changed_in_place_before_the_backward_raises() -> None:
+    w, x = _w_x()
+    wc = _fresh(w)
+    out = aot_function(lambda w, x: (torch.tanh(x @ w + w.sum()) ** 2).sum(), nop)(wc, x)
+    with torch.no_grad():
+        wc.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation|modified in place"):
+        torch.autograd.grad(out, wc, create_graph=True)
+
+
+def test_mutated_input_raises_at_second_differentiation() -> None:
+    def f(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)
+        return (torch.tanh(x @ w) ** 2).sum()
+
+    w, x = _w_x()
+    wc = _fresh(w)
+    (g,) = torch.autograd.grad(aot_function(f, nop)(wc, x.clone()), wc, create_graph=True)
+    with pytest.raises(RuntimeError, match="mutates its input 1 in place"):
+        (g**2).sum().backward()

@@ -48,6 +48,7 @@ from ._effects import count_backward_tokens, with_backward_tokens
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._grad_mode_kernels import compiler_kernel_choices
+from ._higher_order import current_rewrites, recording_backward_rewrites
 from ._hops import retry_with_shape_env
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
@@ -101,6 +102,9 @@ class CompiledArtifacts:
     relative_offsets: list[int | None] | None = None
     stale_tangents: tuple[tuple[int, str], ...] = ()
     backward_mutated_inputs: tuple[int, ...] = ()
+    # See Note [Programs whose backward is not the forward's derivative]: why a backward
+    # with create_graph=True can't recompute (None: it can)
+    higher_order_blocked: str | None = None
     subclass_layer: bool = False
     # See Note [Inputs whose requires_grad the function changes]: (input, new flag)
     requires_grad_changes: tuple[tuple[int, bool], ...] = ()
@@ -251,8 +255,10 @@ def compile_traced(
     entry, ``compile_flat``, adds the on-disk cache (See Note [On-disk compile cache]).
     """
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
-    compile_in = functools.partial(_compile_flat, flat_fn, flat_args, cfg)
-    with hooks_hidden_while_tracing():  # See Note [Inlined saved-tensors hooks]
+    # See Note [Programs whose backward is not the forward's derivative]
+    with recording_backward_rewrites() as rewrites, hooks_hidden_while_tracing():
+        compile_in = functools.partial(_compile_flat, rewrites.watching(flat_fn), flat_args, cfg)
+        # See Note [Inlined saved-tensors hooks]
         runner, artifacts = retry_with_shape_env(compile_in, fake_mode, shape_env)  # while_loop
         hooks = compile_hooks() if artifacts.meta.is_train else None
     return with_hooks_runtime(runner, hooks), artifacts
@@ -503,9 +509,14 @@ def _compile_training(
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
     artifacts.stale_tangents = tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items()))
     artifacts.backward_mutated_inputs = tuple(joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()))
+    rewrites = current_rewrites()
+    artifacts.higher_order_blocked = (
+        rewrites.reason if rewrites is not None else "compiled outside compile_traced"
+    )
     if subclasses is None:
         return training_call(
-            partition, fake, meta, cfg, artifacts.stale_tangents, artifacts.backward_mutated_inputs
+            partition, fake, meta, cfg, artifacts.stale_tangents, artifacts.backward_mutated_inputs,
+            artifacts.higher_order_blocked,
         )
     return subclass_training_call(partition, fake, meta, cfg, subclasses, artifacts.stale_tangents)
 
