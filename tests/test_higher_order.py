@@ -359,3 +359,105 @@ def test_mutated_input_raises_at_second_differentiation() -> None:
     (g,) = torch.autograd.grad(aot_function(f, nop)(wc, x.clone()), wc, create_graph=True)
     with pytest.raises(RuntimeError, match="mutates its input 1 in place"):
         (g**2).sum().backward()
+
+
+def test_dynamic_shapes() -> None:
+    compiled = aot_function(_tanh_sq, nop, dynamic=True)
+    for rows in (4, 7):
+        torch.manual_seed(rows)
+        w, x = torch.randn(5, 3), torch.randn(rows, 5)
+        torch.testing.assert_close(_penalised(compiled, _fresh(w), x), _penalised(_tanh_sq, _fresh(w), x))
+
+
+def test_checkpointed_region_with_dropout() -> None:
+    from torch.utils.checkpoint import checkpoint
+
+    def block(h: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(torch.tanh(h), 0.3, training=True) * h
+
+    def f(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        h = checkpoint(block, x @ w, use_reentrant=False)
+        assert isinstance(h, torch.Tensor)
+        return (h**2).sum()
+
+    w, x = _w_x()
+
+    def run(fn: Callable[..., torch.Tensor]) -> list[Any]:
+        torch.manual_seed(5)
+        return [_penalised(fn, _fresh(w), x), torch.rand(2)]
+
+    torch.testing.assert_close(run(aot_function(f, nop)), run(f))
+
+
+@torch.library.custom_op("aotkit_higher_order_test::cube", mutates_args=())
+def _cube(x: torch.Tensor) -> torch.Tensor:
+    return x**3
+
+
+@_cube.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _cube_setup(ctx: Any, inputs: tuple[torch.Tensor], output: torch.Tensor) -> None:
+    ctx.save_for_backward(inputs[0])
+
+
+def _cube_backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+    (x,) = ctx.saved_tensors
+    return g * 3 * x**2
+
+
+_cube.register_autograd(_cube_backward, setup_context=_cube_setup)
+
+
+def test_custom_op_with_a_registered_backward() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aotkit_higher_order_test.cube(x.sin()).sum()
+
+    torch.manual_seed(0)
+    x0 = torch.randn(5)
+
+    def run(fn: Callable[..., torch.Tensor]) -> list[Any]:
+        x = x0.clone().requires_grad_(True)
+        (g,) = torch.autograd.grad(fn(x), x, create_graph=True)
+        (h,) = torch.autograd.grad(g.sum(), x)
+        return [g.detach(), h]
+
+    _exact(run(aot_function(f, nop)), run(f))
+
+
+def test_gradient_through_the_tangent() -> None:
+    # double backward with respect to grad_outputs (v requires grad): d/dv (J^T v)
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() * x
+
+    torch.manual_seed(0)
+    x0, v0 = torch.randn(4), torch.randn(4)
+
+    def run(fn: Callable[..., torch.Tensor]) -> list[Any]:
+        x, v = x0.clone().requires_grad_(True), v0.clone().requires_grad_(True)
+        (jv,) = torch.autograd.grad(fn(x), x, v, create_graph=True)
+        return list(torch.autograd.grad((jv**2).sum(), [x, v]))
+
+    _exact(run(aot_function(f, nop)), run(f))
+
+
+def test_whole_critic_step_under_torch_compile(monkeypatch: pytest.MonkeyPatch) -> None:
+    # dynamo skips a frame calling torch.autograd.grad unless trace_autograd_ops is on;
+    # with it the whole step (penalty and backward) is one aotkit graph, no graph break
+    import torch._dynamo.utils
+
+    monkeypatch.setattr(torch._dynamo.config, "trace_autograd_ops", True)
+    torch.manual_seed(0)
+    model = _Critic()
+    real, fake, eps = _gp_data()
+    params = list(model.parameters())
+    expected = _gradient_penalty_step(model, params, real, fake, eps)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    step = torch.compile(_gradient_penalty_step, backend="aotkit_eager")
+    got = step(model, params, real, fake, eps)
+    torch.testing.assert_close(got, expected)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["graph_break"]

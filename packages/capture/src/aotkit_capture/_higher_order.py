@@ -37,6 +37,7 @@ import torch.fx
 from aotkit_runtime import HigherOrder
 from aotkit_schemas import ViewAndMutationMeta
 from torch._prims.rng_prims import run_and_save_rng_state
+from torch.fx._lazy_graph_module import _LazyGraphModule
 from torch.overrides import TorchFunctionMode
 
 _HOOK_METHODS = frozenset({torch.Tensor.register_hook})
@@ -289,4 +290,6 @@ def _pruned_module(
                 copied.target = _run_and_save_plain
             env[n] = copied
     new.output(tuple(env[t] if isinstance(t, torch.fx.Node) else t for t in targets))
-    return torch.fx.GraphModule(fw_module, new)
+    # its Python code generated at the first call (a program that never asks for a graph
+    # never pays for it)
+    return _LazyGraphModule(fw_module, new)

@@ -251,6 +251,8 @@ def make_autograd_function(
     # See Note [Higher-order gradients through compiled code]
     ho = plan.higher_order
     ho_versioned = ho.versioned if ho is not None else ()
+    # the tensors among them, found at the first call (sizes may be SymInt inputs)
+    ho_tensors: list[tuple[int, ...]] = []
     ho_rng = RngDevices(ho.rng_devices) if ho is not None and ho.draws else None
     ho_module: list[Callable[..., Sequence[Any]]] = []
     double_backward_error = f"{_DOUBLE_BACKWARD_ERROR} Why: {plan.higher_order_blocked}."
@@ -262,7 +264,11 @@ def make_autograd_function(
                 # See Note [Higher-order gradients through compiled code]
                 ctx.ho_args = args
                 if ho_versioned:
-                    ctx.ho_versions = [args[i]._version for i in ho_versioned]
+                    if not ho_tensors:
+                        ho_tensors.append(
+                            tuple(i for i in ho_versioned if isinstance(args[i], torch.Tensor))
+                        )
+                    ctx.ho_versions = [args[i]._version for i in ho_tensors[0]]
                 if ho_rng is not None:
                     devices = ho_rng.of(args)
                     ctx.ho_rng = (devices, rng_states(devices))
@@ -392,7 +398,7 @@ def make_autograd_function(
             ho,
             ho_module[0],
             ctx.ho_args,
-            ctx.ho_versions if ho_versioned else None,
+            (ho_tensors[0], ctx.ho_versions) if ho_versioned else None,
             ctx.ho_rng if ho_rng is not None else None,
             tangents,
         )

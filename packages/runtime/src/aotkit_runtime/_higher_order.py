@@ -114,14 +114,14 @@ def higher_order_grads(
     ho: HigherOrder,
     module: Callable[..., Sequence[Any]],
     args: Sequence[Any],
-    versions: Sequence[int] | None,
+    versions: tuple[Sequence[int], Sequence[int]] | None,
     rng: tuple[tuple[torch.device, ...], list[torch.Tensor]] | None,
     tangents: Sequence[Any],
 ) -> tuple[Any, ...]:
     """The gradients of the Function's inputs, with history (create_graph=True). See Note
     [Higher-order gradients through compiled code]."""
     if versions is not None:
-        for i, old in zip(ho.versioned, versions, strict=True):
+        for i, old in zip(*versions, strict=True):
             new = args[i]._version
             if new != old:
                 raise RuntimeError(INPUT_CHANGED.format(i=i, old=old, new=new))
