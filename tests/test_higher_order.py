@@ -461,3 +461,42 @@ def test_whole_critic_step_under_torch_compile(monkeypatch: pytest.MonkeyPatch) 
     torch.testing.assert_close(got, expected)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert not torch._dynamo.utils.counters["graph_break"]
+
+
+def test_dropout_under_inductor_is_never_silently_wrong() -> None:
+    # Inductor's kernels draw their own random numbers: the recompute can't replay them
+    class Noisy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(6, 6)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.dropout(torch.tanh(self.lin(x)), 0.5, training=True)
+
+    torch.manual_seed(0)
+    model = Noisy()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="aotkit_inductor")
+    x = torch.randn(4, 6, requires_grad=True)
+    (g,) = torch.autograd.grad(compiled(x).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="draws random numbers"):
+        (g**2).sum().backward()
+
+
+def test_backward_inside_autocast() -> None:
+    def f(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return (torch.tanh(x @ w) ** 2).sum()
+
+    w, x = _w_x()
+
+    def run(fn: Callable[..., torch.Tensor]) -> torch.Tensor:
+        wc = _fresh(w)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = fn(wc, x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            (g,) = torch.autograd.grad(out, wc, create_graph=True)
+        (out + (g.float() ** 2).sum()).backward()
+        assert wc.grad is not None
+        return wc.grad
+
+    torch.testing.assert_close(run(aot_function(f, nop)), run(f), rtol=2e-2, atol=2e-2)

@@ -20,6 +20,9 @@ what a program's traces tell about it, and the pruned forward graph it runs.
 #     output; an input the function mutates (its value at the forward is gone when the
 #     backward runs), unless only the running statistics of a training-mode batch norm
 #     read it (they don't reach the normalized output);
+#   * random numbers drawn by a forward compiled by anything but a compiler that runs the
+#     graph's ATen ops as they are (nop, aotkit_eager): Inductor's kernels draw from their
+#     own streams, which replaying the generator's state under ATen would not reproduce;
 #   * tensor subclasses (their graphs run on the inner tensors; see _subclass_calls).
 # The flag is found by every trace and stored with the on-disk cache's entry
 # (``higher_order_blocked``); an entry stored without it is restored blocked.
@@ -151,7 +154,8 @@ def higher_order_plan(
     """The recompute of ``fw_module`` (See Note [Higher-order gradients through compiled
     code] in aotkit_runtime), or why there is none. ``copy_now``: the compiler may change
     the graph, so the pruned graph is copied before it runs; ``trust_saved_inputs``: the
-    compiled forward saves the inputs the graph saves as those tensors (nop)."""
+    compiler runs the graph's ATen ops as they are (nop): the compiled forward saves the
+    inputs the graph saves as those tensors, and draws what the graph's random ops draw."""
     if blocked is not None:
         return blocked
     graph = fw_module.graph
@@ -193,6 +197,12 @@ def higher_order_plan(
         if not (trust_saved_inputs and placeholders[num_tokens + k] in saved)
     )
     random = [n for n in graph.nodes if n.op == "call_function" and _draws(n)]
+    if random and not trust_saved_inputs:
+        # See Note [Programs whose backward is not the forward's derivative]
+        return (
+            "the forward draws random numbers and its compiler may draw them its own way "
+            "(Inductor's kernels do), so the recompute can't replay them"
+        )
     devices = tuple(
         {torch.device(d) for n in random if (d := n.kwargs.get("device")) is not None}
     )

@@ -126,7 +126,9 @@ def higher_order_grads(
             if new != old:
                 raise RuntimeError(INPUT_CHANGED.format(i=i, old=old, new=new))
     call = [None] * ho.num_tokens + list(args)
-    with torch.enable_grad():
+    # the graph holds the forward's casts already: run as compiled graphs run, without
+    # autocast (See Note [Compiled graphs run without autocast] in aotkit_capture)
+    with torch.enable_grad(), torch._C._DisableAutocast():
         if rng is not None:
             with _replaying(*rng):
                 outs = module(*call)
