@@ -94,6 +94,7 @@ def main() -> None:
     kinds = args.kinds.split(",")
     print(f"torch {torch.__version__}, threads=1, batch {BATCH}")
     for name in args.models.split(","):
+        torch.manual_seed(0)
         model, shape = MODELS[name]()
         batch = data(shape)
         try:  # torch's AOTAutograd, for the record
