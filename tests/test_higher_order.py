@@ -317,8 +317,9 @@ def test_custom_autograd_function_raises_at_second_differentiation() -> None:
     w, x = _w_x()
     wc = _fresh(w)
     (g,) = torch.autograd.grad(aot_function(f, nop)(wc, x), wc, create_graph=True)
-    (ge,) = torch.autograd.grad(f(_fresh(w), x), w, create_graph=True) if False else (None,)
-    del ge
+    we = _fresh(w)
+    (ge,) = torch.autograd.grad(f(we, x), we, create_graph=True)
+    _exact(g.detach(), ge.detach())  # first order still right
     with pytest.raises(RuntimeError, match="custom autograd.Function _StraightThrough"):
         (g**2).sum().backward()
 
@@ -500,3 +501,34 @@ def test_backward_inside_autocast() -> None:
         return wc.grad
 
     torch.testing.assert_close(run(aot_function(f, nop)), run(f), rtol=2e-2, atol=2e-2)
+
+
+def test_maml_inner_step_with_functional_call_under_torch_compile() -> None:
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    xs, ys, xq, yq = torch.randn(6, 3), torch.randn(6, 1), torch.randn(5, 3), torch.randn(5, 1)
+
+    def forward_with(params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, params, (x,))
+        assert isinstance(out, torch.Tensor)
+        return out
+
+    def meta_grads(fwd: Callable[[dict[str, torch.Tensor], torch.Tensor], torch.Tensor]) -> list[Any]:
+        params = dict(model.named_parameters())
+        loss = torch.nn.functional.mse_loss(fwd(params, xs), ys)
+        grads = torch.autograd.grad(loss, list(params.values()), create_graph=True)
+        adapted = {k: p - 0.1 * g for (k, p), g in zip(params.items(), grads, strict=True)}
+        query = torch.nn.functional.mse_loss(fwd(adapted, xq), yq)
+        return list(torch.autograd.grad(query, list(params.values())))
+
+    from torch._dynamo.utils import counters
+
+    expected = meta_grads(forward_with)
+    torch._dynamo.reset()
+    counters.clear()
+    torch.testing.assert_close(
+        meta_grads(torch.compile(forward_with, backend="aotkit_eager")), expected
+    )
+    assert counters["stats"]["unique_graphs"] >= 1
