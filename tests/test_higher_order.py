@@ -532,3 +532,14 @@ def test_maml_inner_step_with_functional_call_under_torch_compile() -> None:
         meta_grads(torch.compile(forward_with, backend="aotkit_eager")), expected
     )
     assert counters["stats"]["unique_graphs"] >= 1
+
+
+def test_custom_autograd_function_under_torch_compile_is_never_silently_wrong() -> None:
+    def f(w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return (_StraightThrough.apply(x @ w) * torch.tanh(w).sum()).sum()
+
+    w, x = _w_x()
+    expected = _penalised(f, _fresh(w), x)
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aotkit_eager")
+    _match_or_raise(lambda: _penalised(compiled, _fresh(w), x), expected)
