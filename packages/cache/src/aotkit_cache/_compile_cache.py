@@ -253,6 +253,7 @@ def _restore_entry(
             relative_offsets=entry.relative,
             stale_tangents=entry.stale_tangents,
             backward_mutated_inputs=entry.backward_mutated_inputs,
+            higher_order_blocked=entry.higher_order_blocked,
         )
         if symbolic and own_mode:
             artifacts.guard = restored_guard(payload["shape"], layout)
@@ -269,7 +270,7 @@ def _restore_entry(
             with compiling_under_fakes(fake, cfg.fw_compiler):
                 call = training_call(
                     entry.partition, fake, meta, cfg, entry.stale_tangents,
-                    entry.backward_mutated_inputs,
+                    entry.backward_mutated_inputs, entry.higher_order_blocked,
                 )
         else:
             artifacts.inference_module = entry.inference

@@ -109,6 +109,8 @@ def subclass_training_call(
         stale_tangents=stale_tangents,
         subclass_zeros=layer.zero_tangents(meta),
         tangent_layouts=tangent_layouts(meta.traced_tangents),
+        # See Note [Programs whose backward is not the forward's derivative]
+        higher_order_blocked="its graphs run on the inner tensors of tensor subclasses",
     )
     wrapped_fw = subclass_forward(compiled_fw, layer.inp_metas, layer.fw_out_metas)
     return make_autograd_function(wrapped_fw, compile_subclass_backward, plan)

@@ -8,6 +8,7 @@ from ._effects import backward_with_tokens as backward_with_tokens
 from ._effects import forward_with_tokens as forward_with_tokens
 from ._epilogue import make_epilogue as make_epilogue
 from ._epilogue import needs_epilogue as needs_epilogue
+from ._higher_order import HigherOrder as HigherOrder
 from ._saved_tensors_hooks import stale_hooks_message as stale_hooks_message
 from ._saved_tensors_hooks import (
     with_inlined_saved_tensors_hooks as with_inlined_saved_tensors_hooks,
@@ -41,6 +42,7 @@ __all__ = [
     "is_nested_int",
     "is_subclass",
     "make_autograd_function",
+    "HigherOrder",
     "make_epilogue",
     "make_unwrapper",
     "make_wrapper",

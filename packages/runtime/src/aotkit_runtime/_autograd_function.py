@@ -86,9 +86,21 @@ from aotkit_schemas import (
 )
 
 from ._call import as_list_caller
+from ._higher_order import HigherOrder, RngDevices, higher_order_grads, rng_states
 from ._subclass import SubclassZeros
 from ._tangent_layout import TangentLayout, coerce_tangent_layout
 
+# Note [Gradients made with create_graph=True]
+# Autograd runs a node's backward with grad mode on exactly when the caller asked for
+# create_graph=True. The compiled backward runs on the saved tensors, which the forward made
+# without history, so its gradients can't be differentiated again: returned as they are, a
+# gradient that depends on the weights would come back without ``grad_fn`` and a gradient
+# penalty would silently drop out of the loss's gradient. Such a backward recomputes
+# instead (See Note [Higher-order gradients through compiled code]); a program the
+# recompute can't reproduce (``AutogradPlan.higher_order_blocked`` names why) runs the
+# compiled backward, and every tensor gradient it returns carries an error node
+# (``_delay_error``), whatever its inputs' flags: differentiating it again raises
+# _DOUBLE_BACKWARD_ERROR with that reason.
 _DOUBLE_BACKWARD_ERROR = (
     "aotkit: the compiled backward of this function is not differentiable twice. "
     "Gradients made with create_graph=True can't be differentiated again through an "
@@ -168,6 +180,10 @@ class AutogradPlan:
     # per tangent, the layout the backward was traced with (None: contiguous); See Note
     # [Tangent strides follow the outputs] in aotkit_analysis. () : all contiguous.
     tangent_layouts: tuple[TangentLayout | None, ...] = ()
+    # how a backward with create_graph=True recomputes (See Note [Higher-order gradients
+    # through compiled code]); None: it can't, for the reason below
+    higher_order: HigherOrder | None = None
+    higher_order_blocked: str = "the program was compiled without a recompute plan"
 
     def __post_init__(self) -> None:
         assert self.meta.is_train, "an AutogradPlan needs training metadata"
@@ -232,10 +248,30 @@ def make_autograd_function(
         layouts = ()
     n_symints = plan.num_saved_symints
     saved_end = n_returns + n_tensors
+    # See Note [Higher-order gradients through compiled code]
+    ho = plan.higher_order
+    ho_versioned = ho.versioned if ho is not None else ()
+    # the tensors among them, found at the first call (sizes may be SymInt inputs)
+    ho_tensors: list[tuple[int, ...]] = []
+    ho_rng = RngDevices(ho.rng_devices) if ho is not None and ho.draws else None
+    ho_module: list[Callable[..., Sequence[Any]]] = []
+    double_backward_error = f"{_DOUBLE_BACKWARD_ERROR} Why: {plan.higher_order_blocked}."
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *args: Any) -> Any:
+            if ho is not None:
+                # See Note [Higher-order gradients through compiled code]
+                ctx.ho_args = args
+                if ho_versioned:
+                    if not ho_tensors:
+                        ho_tensors.append(
+                            tuple(i for i in ho_versioned if isinstance(args[i], torch.Tensor))
+                        )
+                    ctx.ho_versions = [args[i]._version for i in ho_tensors[0]]
+                if ho_rng is not None:
+                    devices = ho_rng.of(args)
+                    ctx.ho_rng = (devices, rng_states(devices))
             outs = fw_direct(*args) if fw_direct is not None else fw(list(args))
             if track_unused:
                 # See Note [Gradients through unused outputs]
@@ -282,8 +318,12 @@ def make_autograd_function(
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:
-            if backward_mutated_inputs and torch.is_grad_enabled():
-                raise RuntimeError(BACKWARD_MUTATION_CREATE_GRAPH)
+            if torch.is_grad_enabled():
+                # create_graph=True: See Note [Gradients made with create_graph=True]
+                if backward_mutated_inputs:
+                    raise RuntimeError(BACKWARD_MUTATION_CREATE_GRAPH)
+                if ho is not None:
+                    return _recompute_backward(ctx, grads)
             if not bw_holder:
                 compiled = compiled_bw()
                 bw_holder.append(_backward_caller(compiled))
@@ -330,11 +370,10 @@ def make_autograd_function(
             # them in the node), so a backward that clears its list frees them early
             del saved, tangents
             ctx.maybe_clear_saved_tensors()
-            if torch.is_grad_enabled() and any(
-                isinstance(t, torch.Tensor) and t.requires_grad for t in all_args
-            ):
+            if torch.is_grad_enabled():
+                # See Note [Gradients made with create_graph=True]
                 with torch.no_grad():
-                    in_grads = [_delay_error(g) for g in bw(all_args)]
+                    in_grads = [_delay_error(g, double_backward_error) for g in bw(all_args)]
             elif not unused:
                 return tuple(bw(all_args))
             else:
@@ -344,6 +383,25 @@ def make_autograd_function(
                     if deps and deps <= unused:
                         in_grads[i] = None
             return tuple(in_grads)
+
+    def _recompute_backward(ctx: Any, grads: Sequence[Any]) -> tuple[Any, ...]:
+        assert ho is not None
+        tangents = [grads[i] for i in tangent_positions]
+        for k, t in enumerate(tangents):
+            if stale and t is not None and k in stale:
+                raise RuntimeError(stale[k])
+        # unpacking checks the saved tensors' versions (inputs saved by the graph too)
+        ctx.saved_tensors  # noqa: B018
+        if not ho_module:
+            ho_module.append(ho.module())
+        return higher_order_grads(
+            ho,
+            ho_module[0],
+            ctx.ho_args,
+            (ho_tensors[0], ctx.ho_versions) if ho_versioned else None,
+            ctx.ho_rng if ho_rng is not None else None,
+            tangents,
+        )
 
     apply = CompiledFunction.apply
 
@@ -385,12 +443,12 @@ def _backward_caller(compiled: Callable[..., Any]) -> Callable[[list[Any]], Sequ
     return stealing_entry(compiled) or as_list_caller(compiled)
 
 
-def _delay_error(g: Any) -> Any:
-    """Attach an error node so that differentiating ``g`` again raises. See
-    _DOUBLE_BACKWARD_ERROR."""
+def _delay_error(g: Any, message: str) -> Any:
+    """Attach an error node so that differentiating ``g`` again raises ``message``. See
+    Note [Gradients made with create_graph=True]."""
     if not isinstance(g, torch.Tensor):
         return g
     # DelayedError only records a node when its input requires grad.
     g = g.detach().requires_grad_(True)
-    delayed: Any = torch._C._functions.DelayedError(_DOUBLE_BACKWARD_ERROR, 1)
+    delayed: Any = torch._C._functions.DelayedError(message, 1)
     return delayed(g)

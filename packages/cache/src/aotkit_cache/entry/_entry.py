@@ -82,6 +82,8 @@ def entry_payload(
             "single_pass": artifacts.single_pass,
             "native_functionalization": artifacts.native_functionalization,
             "backward_mutated_inputs": list(artifacts.backward_mutated_inputs),
+            # See Note [Programs whose backward is not the forward's derivative]
+            "higher_order_blocked": artifacts.higher_order_blocked,
             "sidecar": None if sidecar is None else sidecar.to_json(),
             # See Note [Effect tokens in the on-disk cache]
             "tokens": tokens_to_json(artifacts.meta),
@@ -157,6 +159,8 @@ class CachedEntry:
     single_pass: bool
     native_functionalization: bool
     backward_mutated_inputs: tuple[int, ...]
+    # See Note [Programs whose backward is not the forward's derivative]
+    higher_order_blocked: str | None
     partition: PartitionResult | None
     inference: torch.fx.GraphModule | None
 
@@ -175,6 +179,10 @@ def read_entry(
     single = payload.get("single_pass")
     native = payload.get("native_functionalization")
     bw_mutated = payload.get("backward_mutated_inputs")
+    # an entry stored without the record is restored blocked
+    blocked = payload.get("higher_order_blocked", "the cache entry does not record it")
+    if blocked is not None and not isinstance(blocked, str):
+        raise CacheFormatError("bad higher-order record")
     if not isinstance(layout_key, str) or not isinstance(single, bool):
         raise CacheFormatError("bad layout key or single-pass flag")
     if not isinstance(native, bool) or not (
@@ -209,6 +217,7 @@ def read_entry(
         single_pass=single,
         native_functionalization=native,
         backward_mutated_inputs=tuple(bw_mutated),
+        higher_order_blocked=blocked,
         partition=partition,
         inference=inference,
     )

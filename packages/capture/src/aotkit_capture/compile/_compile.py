@@ -73,6 +73,7 @@ from ._compiled_calls import (
 )
 from ._context import track_graph_compiling
 from ._donated_buffers import with_donated_buffers
+from ._higher_order import current_rewrites, recording_backward_rewrites
 from ._logs import log_inference, log_joint, log_partition
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
 from ._shape_guards import ShapeGuard, guardable_positions
@@ -113,6 +114,9 @@ class CompiledArtifacts:
     relative_offsets: list[int | None] | None = None
     stale_tangents: tuple[tuple[int, str], ...] = ()
     backward_mutated_inputs: tuple[int, ...] = ()
+    # See Note [Programs whose backward is not the forward's derivative]: why a backward
+    # with create_graph=True can't recompute (None: it can)
+    higher_order_blocked: str | None = None
     subclass_layer: bool = False
     # See Note [Inputs whose requires_grad the function changes]: (input, new flag)
     requires_grad_changes: tuple[tuple[int, bool], ...] = ()
@@ -264,8 +268,10 @@ def compile_traced(
     seam] in aotkit_schemas).
     """
     fake_mode, shape_env = construct_fake_mode(flat_args, dynamic=cfg.dynamic_shapes)
-    compile_in = functools.partial(_compile_flat, flat_fn, flat_args, cfg)
-    with hooks_hidden_while_tracing():  # See Note [Inlined saved-tensors hooks]
+    # See Note [Programs whose backward is not the forward's derivative]
+    with recording_backward_rewrites() as rewrites, hooks_hidden_while_tracing():
+        compile_in = functools.partial(_compile_flat, rewrites.watching(flat_fn), flat_args, cfg)
+        # See Note [Inlined saved-tensors hooks]
         runner, artifacts = retry_with_shape_env(compile_in, fake_mode, shape_env)  # while_loop
         hooks = compile_hooks() if artifacts.meta.is_train else None
     return with_hooks_runtime(runner, hooks), artifacts
@@ -523,9 +529,14 @@ def _compile_training(
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
     artifacts.stale_tangents = tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items()))
     artifacts.backward_mutated_inputs = tuple(joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()))
+    rewrites = current_rewrites()
+    artifacts.higher_order_blocked = (
+        rewrites.reason if rewrites is not None else "compiled outside compile_traced"
+    )
     if subclasses is None:
         return training_call(
-            partition, fake, meta, cfg, artifacts.stale_tangents, artifacts.backward_mutated_inputs
+            partition, fake, meta, cfg, artifacts.stale_tangents, artifacts.backward_mutated_inputs,
+            artifacts.higher_order_blocked,
         )
     return subclass_training_call(partition, fake, meta, cfg, subclasses, artifacts.stale_tangents)
 

@@ -20,7 +20,13 @@ from aotkit_runtime import (
     make_autograd_function,
     tangent_layouts,
 )
-from aotkit_schemas import AOTConfig, PartitionResult, ViewAndMutationMeta, example_inputs_unused
+from aotkit_schemas import (
+    AOTConfig,
+    PartitionResult,
+    ViewAndMutationMeta,
+    example_inputs_unused,
+    reads_graph_only,
+)
 from aotkit_tracing import (
     autocast_at_compile,
     compiler_kernel_choices,
@@ -47,6 +53,7 @@ from ._graph_facts import (
     static_tangent_like,
     tangent_dependencies,
 )
+from ._higher_order import higher_order_plan
 from ._saved_strides import (
     Strides,
     reported_output_strides,
@@ -185,12 +192,21 @@ def training_call(
     cfg: AOTConfig,
     stale_tangents: tuple[tuple[int, str], ...],
     backward_mutated_inputs: tuple[int, ...],
+    higher_order_blocked: str | None,
 ) -> Callable[[list[Any]], Sequence[Any]]:
     """Compile the forward now and the backward at its first call (no tensor subclasses);
-    the autograd.Function. Shared with the on-disk cache's restore."""
+    the autograd.Function. Shared with the on-disk cache's restore.
+    ``higher_order_blocked``: See Note [Programs whose backward is not the forward's
+    derivative]."""
     fw_module, bw_module = partition.fw_module, partition.bw_module
     # See Note [Effect tokens]: the forward's leading inputs and outputs are its tokens
     n_tok, n_bw_tok = len(meta.tokens), meta.num_backward_tokens
+    # before the forward's compiler runs, which may change the graph
+    graph_only = reads_graph_only(cfg.fw_compiler)
+    ho = higher_order_plan(
+        fw_module, meta, n_tok, partition.num_saved_tensors, higher_order_blocked,
+        copy_now=not graph_only, trust_saved_inputs=graph_only,
+    )
     # See Note [Restored inputs' fakes built when read]
     fw_example = examples_for(cfg.fw_compiler, fake)
     if n_tok:
@@ -222,5 +238,7 @@ def training_call(
         gradless_inputs=gradless_inputs(bw_module, fake, meta, n_bw_tok),
         backward_mutated_inputs=backward_mutated_inputs,
         tangent_layouts=tangent_layouts(meta.traced_tangents),
+        higher_order=ho if not isinstance(ho, str) else None,
+        higher_order_blocked=ho if isinstance(ho, str) else "",
     )
     return make_autograd_function(compiled_fw, compile_backward, plan)
