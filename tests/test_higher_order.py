@@ -141,7 +141,7 @@ def test_effects_never_silently_wrong() -> None:
 
 
 def test_restored_disk_cache_entry(disk_cache_on: Any) -> None:
-    from aotkit_capture import cache_counters
+    from aotkit_cache import cache_counters
 
     w, x = _w_x()
     expected = _penalised(_tanh_sq, _fresh(w), x)
