@@ -210,10 +210,10 @@ def test_inspect_hub_model_every_partition_trains_as_eager(name: str) -> None:
                 _loss_and_grads(copy.deepcopy(fresh), inputs, compile)
             continue
         got_loss, got_grads = _loss_and_grads(copy.deepcopy(fresh), inputs, compile)
-        torch.testing.assert_close(got_loss, loss, msg=f"{label}: loss differs from eager")
+        torch.testing.assert_close(got_loss, loss, msg=lambda m, k=label: f"{k}: {m}")
         assert got_grads.keys() == grads.keys(), label
         for n, g in grads.items():
-            torch.testing.assert_close(got_grads[n], g, msg=f"{label}: grad of {n} differs")
+            torch.testing.assert_close(got_grads[n], g, msg=lambda m, k=f"{label} {n}": f"{k}: {m}")
 
 
 def test_inspect_and_compare_cli_on_gpt2(tmp_path: Path) -> None:
