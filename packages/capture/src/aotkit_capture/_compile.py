@@ -99,7 +99,7 @@ class CompiledArtifacts:
     from_cache: bool = False
     mutated_user_inputs: tuple[int, ...] | None = None
     relative_offsets: list[int | None] | None = None
-    stale_tangents: tuple[tuple[int, str], ...] = ()
+    stale_tangents: tuple[tuple[int, str, str], ...] = ()
     backward_mutated_inputs: tuple[int, ...] = ()
     subclass_layer: bool = False
     # See Note [Inputs whose requires_grad the function changes]: (input, new flag)
@@ -501,7 +501,8 @@ def _compile_training(
     meta = artifacts.meta = with_donated_buffers(meta, partition, n_fwd)  # Note [Donated buffers]
     log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn), cfg.aot_id)
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
-    artifacts.stale_tangents = tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items()))
+    stale = joint.meta.get(STALE_TANGENTS_KEY, {})
+    artifacts.stale_tangents = tuple((k, *stale[k]) for k in sorted(stale))
     artifacts.backward_mutated_inputs = tuple(joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()))
     if subclasses is None:
         return training_call(

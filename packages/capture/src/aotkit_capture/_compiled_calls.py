@@ -178,7 +178,7 @@ def training_call(
     fake: Sequence[Any],
     meta: ViewAndMutationMeta,
     cfg: AOTConfig,
-    stale_tangents: tuple[tuple[int, str], ...],
+    stale_tangents: tuple[tuple[int, str, str], ...],
     backward_mutated_inputs: tuple[int, ...],
 ) -> Callable[[list[Any]], Sequence[Any]]:
     """Compile the forward now and the backward at its first call (no tensor subclasses);

@@ -70,7 +70,7 @@ def subclass_training_call(
     meta: ViewAndMutationMeta,
     cfg: AOTConfig,
     layer: SubclassLayer,
-    stale_tangents: tuple[tuple[int, str], ...],
+    stale_tangents: tuple[tuple[int, str, str], ...],
 ) -> Callable[[list[Any]], Sequence[Any]]:
     """Compile the desugared forward now and the backward at its first call; the
     autograd.Function over the user's values. ``fake``: the joint's flat primals."""
