@@ -3,6 +3,7 @@ compared with eager and, where it runs, with torch's AOTAutograd."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -113,3 +114,82 @@ def test_custom_backward_error_from_the_disk_cache(disk_cache_on: Path) -> None:
     assert again[1] == got[1] == "NoBackward has no backward"
     assert again[0] is not None and got[0] is not None
     torch.testing.assert_close(again[0], got[0])
+
+
+# ---- a compiled function called inside another (Note [Compiled functions called while
+# aotkit traces])
+
+
+def _nested_pair() -> tuple[Any, Any]:
+    def inner_fn(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() * 2
+
+    def outer_fn(inner: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (inner(x @ w) + 1).cos().sum()
+
+    return inner_fn, outer_fn
+
+
+@pytest.mark.parametrize("inner_first", [False, True], ids=["fresh", "inner-compiled-first"])
+def test_aot_function_inside_aot_function(inner_first: bool) -> None:
+    inner_fn, outer_fn = _nested_pair()
+    x = torch.randn(3, 4)
+    w = torch.randn(4, 2, requires_grad=True)
+
+    def run(inner: Any, compile: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        w.grad = None
+        outer = functools.partial(outer_fn, inner)
+        out = (outer if compile is None else compile(outer))(x, w)
+        out.backward()
+        assert w.grad is not None
+        return out.detach(), w.grad.clone()
+
+    eager = run(inner_fn)
+    inner = aot_function(inner_fn, nop)
+    if inner_first:  # a cached entry of the inner function exists; it is not used inside
+        torch.testing.assert_close(inner(x @ w), inner_fn(x @ w))
+    compiled_outer = aot_function(functools.partial(outer_fn, inner), nop)
+    for _ in range(2):
+        got = run(inner, lambda _: compiled_outer)
+        torch.testing.assert_close(got, eager)
+    assert len(compiled_outer._aotkit_cache.entries) == 1
+    assert len(inner._aotkit_cache.entries) == (1 if inner_first else 0)
+    # the inner function still compiles on its own, for real tensors
+    torch.testing.assert_close(inner(x), inner_fn(x))
+    assert len(inner._aotkit_cache.entries) >= 1
+    # torch's AOTAutograd fails here
+    with pytest.raises(RuntimeError, match="FunctionalTensor on its own"):
+        run(torch_aot_function(inner_fn, nop), lambda f: torch_aot_function(f, nop))
+
+
+def test_aot_module_inside_aot_module() -> None:
+    from aotkit import aot_module
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+
+    class Outer(torch.nn.Module):
+        def __init__(self, block: torch.nn.Module) -> None:
+            super().__init__()
+            self.block = block
+            self.head = torch.nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.block(x)).sum()
+
+    import copy
+
+    eager_model = Outer(copy.deepcopy(block))
+    compiled_model = Outer(aot_module(copy.deepcopy(block), nop))
+    compiled_model.load_state_dict(
+        {k.replace("block.", "block.orig_module.", 1): v for k, v in eager_model.state_dict().items()}
+    )
+    outer = aot_module(compiled_model, nop)
+    x = torch.randn(5, 4)
+    eager_model(x).backward()
+    outer(x).backward()
+    for (n, p), (_, q) in zip(
+        eager_model.named_parameters(), compiled_model.named_parameters(), strict=True
+    ):
+        assert q.grad is not None, n
+        torch.testing.assert_close(q.grad, p.grad)

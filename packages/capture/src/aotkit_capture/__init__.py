@@ -61,13 +61,16 @@ from ._single_pass import trace_single_pass as trace_single_pass
 from ._trace import FlatFn as FlatFn
 from ._trace import trace_inference as trace_inference
 from ._trace import trace_joint as trace_joint
+from ._trace_scope import COMPILATIONS_IN_PROGRESS as COMPILATIONS_IN_PROGRESS
 from ._trace_scope import backward_spanning_scope as backward_spanning_scope
 from ._trace_scope import entered_until_backward_traced as entered_until_backward_traced
+from ._trace_scope import inside_a_trace as inside_a_trace
 
 __all__ = [
     "CacheSidecar",
     "Uncacheable",
     "AMBIENT_FIELDS",
+    "COMPILATIONS_IN_PROGRESS",
     "ambient_key",
     "ambient_state_key",
     "cache_counters",
@@ -99,6 +102,7 @@ __all__ = [
     "compile_flat",
     "construct_fake_mode",
     "entered_until_backward_traced",
+    "inside_a_trace",
     "explain_tracing_errors",
     "fakify_inputs",
     "get_aot_compilation_context",
