@@ -193,3 +193,31 @@ def test_aot_module_inside_aot_module() -> None:
     ):
         assert q.grad is not None, n
         torch.testing.assert_close(q.grad, p.grad)
+
+
+# ---- a global tensor mutated inside the function: torch's internal text stays in the chain
+
+_GLOBAL_BUFFER = torch.zeros(3)
+
+
+def _adds_to_global(x: torch.Tensor) -> torch.Tensor:
+    _GLOBAL_BUFFER.add_(x.detach())
+    return x * 2
+
+
+def test_mutated_global_error_keeps_torch_text_in_the_chain() -> None:
+    from aotkit_capture import CapturedTensorError
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(CapturedTensorError) as info:
+        aot_function(_adds_to_global, nop)(x)
+    text = str(info.value)
+    assert "mutates a tensor that is not one of its inputs" in text
+    assert "global '_GLOBAL_BUFFER' of _adds_to_global" in text
+    assert "INTERNAL ASSERT" not in text and "report a bug" not in text
+    cause = info.value.__cause__
+    assert isinstance(cause, RuntimeError) and "non-functional tensor" in str(cause)
+    torch.testing.assert_close(_GLOBAL_BUFFER, torch.zeros(3))  # nothing was written
+    # torch's AOTAutograd raises its internal assert as the error itself
+    with pytest.raises(RuntimeError, match="INTERNAL ASSERT FAILED"):
+        torch_aot_function(_adds_to_global, nop)(x)
