@@ -221,3 +221,59 @@ def test_mutated_global_error_keeps_torch_text_in_the_chain() -> None:
     # torch's AOTAutograd raises its internal assert as the error itself
     with pytest.raises(RuntimeError, match="INTERNAL ASSERT FAILED"):
         torch_aot_function(_adds_to_global, nop)(x)
+
+
+# ---- one loss from a plain output and a TwoTensor output (Note [Subclass gradients of
+# plain outputs])
+
+
+def _plain_and_two(
+    x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return (x * w).sin(), (y * 2).cos() + y.exp()
+
+
+def _plain_and_two_sharing_w(
+    x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return (x * w).sin(), (y * 2).cos() * w
+
+
+def _mixed_loss_run(fn: Any) -> list[torch.Tensor]:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    torch.manual_seed(0)
+    x = torch.randn(3, requires_grad=True)
+    y = TwoTensor(torch.randn(3), torch.randn(3)).requires_grad_()
+    w = torch.randn(3, requires_grad=True)
+    plain, two = fn(x, y, w)
+    loss = plain.sum() + two.sum()
+    assert type(loss).__name__ == "TwoTensor"
+    loss.backward()
+    grads = []
+    for t in (x, y, w):
+        assert t.grad is not None
+        assert type(t.grad).__name__ == "TwoTensor"
+        grads += [t.grad.a, t.grad.b]  # type: ignore[attr-defined]
+    return grads
+
+
+def test_loss_of_a_plain_and_a_two_tensor_output() -> None:
+    eager = _mixed_loss_run(_plain_and_two)
+    compiled = aot_function(_plain_and_two, nop)
+    for _ in range(2):
+        torch.testing.assert_close(_mixed_loss_run(compiled), eager)
+    # torch's AOTAutograd raises its metadata guess error
+    with pytest.raises(RuntimeError, match="__coerce_same_metadata_as_tangent__"):
+        _mixed_loss_run(torch_aot_function(_plain_and_two, nop))
+
+
+def test_loss_of_a_plain_and_a_two_tensor_output_sharing_an_input_raises() -> None:
+    """``w`` feeds both outputs: its gradient sums a TwoTensor from the plain output's
+    subclass gradient with one the graph builds from the TwoTensor output's inner tensors,
+    which the desugared backward cannot give eager's form of. A clear error, not a nested
+    TwoTensor (Note [Subclass gradients of plain outputs])."""
+    eager = _mixed_loss_run(_plain_and_two_sharing_w)
+    assert len(eager) == 6
+    with pytest.raises(RuntimeError, match="nested differently than traced"):
+        _mixed_loss_run(aot_function(_plain_and_two_sharing_w, nop))

@@ -87,12 +87,21 @@ def subclass_training_call(
     n_saved = partition.num_saved_symints + partition.num_saved_tensors
 
     def compile_subclass_backward() -> Callable[..., Any]:
+        # See Note [Subclass gradients of plain outputs] in aotkit_runtime: copied before
+        # the compiler sees (and may rewrite) the graph
+        uncompiled = (
+            _uncompiled_backward(partition.bw_module)
+            if meta.num_backward_tokens == 0
+            and any(not isinstance(m, SubclassCreationMeta) for m in layer.tangent_metas)
+            else None
+        )
         return subclass_backward(
             compile_backward(),
             n_saved,
             layer.tangent_metas,
             layer.grad_metas,
             tangent_layouts(layer.unwrap_tangents(meta.traced_tangents)),
+            uncompiled,
         )
 
     # the Function works on the user's values; only the compiled calls see the inner
@@ -108,6 +117,21 @@ def subclass_training_call(
     )
     wrapped_fw = subclass_forward(compiled_fw, layer.inp_metas, layer.fw_out_metas)
     return make_autograd_function(wrapped_fw, compile_subclass_backward, plan)
+
+
+def _uncompiled_backward(bw_module: torch.fx.GraphModule) -> Callable[[list[Any]], Sequence[Any]]:
+    """The backward graph, run op by op (a copy of its nodes, sharing its attributes). See
+    Note [Subclass gradients of plain outputs] in aotkit_runtime."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(bw_module.graph, {})
+    graph.output(out)
+    gm = torch.fx.GraphModule(bw_module, graph)
+
+    def run(args: list[Any]) -> Sequence[Any]:
+        result: Sequence[Any] = gm(*args)
+        return result
+
+    return run
 
 
 def _user_tangent_deps(
