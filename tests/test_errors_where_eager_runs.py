@@ -277,3 +277,51 @@ def test_loss_of_a_plain_and_a_two_tensor_output_sharing_an_input_raises() -> No
     assert len(eager) == 6
     with pytest.raises(RuntimeError, match="nested differently than traced"):
         _mixed_loss_run(aot_function(_plain_and_two_sharing_w, nop))
+
+
+# ---- selective activation checkpointing with dropout (Note [Selective checkpointing with
+# in-place ops])
+
+
+def _save_mm(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if op is torch.ops.aten.mm.default:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _sac_region(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = torch.nn.functional.dropout(torch.mm(x, w).relu(), 0.5, training=True)
+    return torch.mm(h, w).sin()
+
+
+def _sac_dropout(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    context_fn = functools.partial(create_selective_checkpoint_contexts, _save_mm)
+    out = checkpoint(_sac_region, x, w, use_reentrant=False, context_fn=context_fn)
+    return out.sum()
+
+
+def _sac_run(fn: Any, seed: int) -> list[torch.Tensor]:
+    torch.manual_seed(seed)
+    x = torch.randn(4, 4)
+    w = torch.randn(4, 4, requires_grad=True)
+    out = fn(x, w)
+    out.backward()
+    assert w.grad is not None
+    return [out.detach(), w.grad, torch.rand(2)]  # the generator after forward and backward
+
+
+@pytest.mark.parametrize("partitioner", ["default", "min_cut"])
+def test_selective_checkpoint_with_dropout(partitioner: str) -> None:
+    from aotkit import get_partitioner
+
+    compiled = aot_function(_sac_dropout, nop, partition_fn=get_partitioner(partitioner))
+    for seed in (0, 1):
+        torch.testing.assert_close(_sac_run(compiled, seed), _sac_run(_sac_dropout, seed))
+    assert len(compiled._aotkit_cache.entries) == 1
+    # torch's AOTAutograd fails on this program (its default partitioner on the tags)
+    with pytest.raises(TypeError, match="not supported between instances of 'NoneType'"):
+        _sac_run(torch_aot_function(_sac_dropout, nop), 0)

@@ -21,6 +21,7 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._batch_norm_cma import cumulative_batch_norm
+from ._checkpoint_modes import eager_selective_checkpointing, is_sac_mutation_error
 from ._compile import CompiledArtifacts, Runner, compile_traced, finish
 from ._compile import _fakify as fakify_compiled
 from ._compiled_calls import compiling_under_fakes, inference_call, training_call
@@ -123,7 +124,14 @@ def _compile_flat(
     def compile_one(changes: Mapping[int, bool], watch_all: bool) -> tuple[Runner, CompiledArtifacts]:
         # See Note [Input changes no graph records]
         traced = cumulative_batch_norm(checking_input_rebinds(flat_fn, changes, watch_all))
-        return compile_traced(traced, flat_args, cfg)
+        try:
+            return compile_traced(traced, flat_args, cfg)
+        except Exception as e:
+            if not is_sac_mutation_error(e):
+                raise
+        # See Note [Selective checkpointing with in-place ops]
+        with eager_selective_checkpointing():
+            return compile_traced(traced, flat_args, cfg)
 
     with (
         recording_generators() as created,
