@@ -325,3 +325,54 @@ def test_selective_checkpoint_with_dropout(partitioner: str) -> None:
     # torch's AOTAutograd fails on this program (its default partitioner on the tags)
     with pytest.raises(TypeError, match="not supported between instances of 'NoneType'"):
         _sac_run(torch_aot_function(_sac_dropout, nop), 0)
+
+
+# ---- Inductor's freezing reads what AOTAutograd leaves in the TracingContext (Note
+# [Metadata in the TracingContext for Inductor's freezing])
+
+
+class _FrozenWithSubclass(torch.nn.Module):
+    def __init__(self) -> None:
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(
+            TwoTensor(torch.randn(3, 4), torch.randn(3, 4)), requires_grad=False
+        )
+        self.wt = torch.nn.Parameter(torch.randn(3, 4), requires_grad=False)
+        self.register_buffer("calls", torch.zeros(3, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)  # a mutated buffer stays an input: not frozen
+        picked = x.index_select(0, torch.tensor([0, 2, 1]))
+        out: torch.Tensor = picked + self.w + self.wt * self.calls
+        return out
+
+
+def _frozen_run(model: torch.nn.Module, compile: bool) -> list[torch.Tensor]:
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend="inductor", fullgraph=True) if compile else model
+    got = []
+    with torch.no_grad(), inductor_config.patch(freezing=True):
+        for k in range(2):
+            out = fn(torch.arange(12.0).reshape(3, 4) + k)
+            got += [out.a, out.b]
+    return [*got, model.calls.clone()]  # type: ignore[operator]
+
+
+def test_inductor_freezing_with_subclass_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aotkit's aot_autograd under Inductor's compile_fx (torch.compile's backends routed to
+    aotkit's, as torch's suite test_inductor_freezing_with_subclasses runs it)."""
+    import aotkit
+    import torch._dynamo.backends.common as dynamo_common
+    from aotkit_backends import inductor_available
+
+    if not inductor_available():
+        pytest.skip("Inductor cannot compile here")
+    eager = _frozen_run(_FrozenWithSubclass(), compile=False)
+    torch.testing.assert_close(_frozen_run(_FrozenWithSubclass(), compile=True), eager)  # torch
+    monkeypatch.setattr(dynamo_common, "aot_autograd", aotkit.aot_autograd)
+    torch.testing.assert_close(_frozen_run(_FrozenWithSubclass(), compile=True), eager)

@@ -48,6 +48,7 @@ from ._saved_strides import (
     restride_saved,
     saved_tensor_strides,
 )
+from ._tracing_context_meta import inference_meta_in_tracing_context
 
 
 @contextlib.contextmanager
@@ -87,7 +88,9 @@ def inference_call(
     with track_graph_compiling(cfg, "inference"), without_autocast_compiling(), (
         compiler_kernel_choices()  # See Note [Compilers see the caller's oneDNN setting]
     ):
-        raw = forward_with_tokens(compiler(gm, example), n_tok)
+        # See Note [Metadata in the TracingContext for Inductor's freezing]
+        with inference_meta_in_tracing_context(meta):
+            raw = forward_with_tokens(compiler(gm, example), n_tok)
     raw = run_without_autocast(raw, disable_amp)
     compiled = as_list_caller(raw)
     if compiled is raw:

@@ -37,6 +37,7 @@ from ._context import track_graph_compiling
 from ._grad_mode_kernels import compiler_kernel_choices
 from ._graph_facts import tangent_dependencies
 from ._subclass import SubclassLayer
+from ._tracing_context_meta import inference_meta_in_tracing_context
 
 
 def _example_inputs(gm: torch.fx.GraphModule) -> list[Any]:
@@ -57,7 +58,9 @@ def subclass_inference_call(
     with track_graph_compiling(cfg, "inference"), without_autocast_compiling(), (
         compiler_kernel_choices()  # See Note [Compilers see the caller's oneDNN setting]
     ):
-        raw = forward_with_tokens(compiler(gm, _example_inputs(gm)), len(meta.tokens))
+        # See Note [Metadata in the TracingContext for Inductor's freezing]
+        with inference_meta_in_tracing_context(meta, layer.inp_metas):
+            raw = forward_with_tokens(compiler(gm, _example_inputs(gm)), len(meta.tokens))
     raw = run_without_autocast(raw, disable_amp)
     # flattening the inputs makes a new list, so a boxed graph may clear it
     raw = subclass_forward(raw, layer.inp_metas, layer.fw_out_metas)
