@@ -376,3 +376,35 @@ def test_inductor_freezing_with_subclass_parameters(monkeypatch: pytest.MonkeyPa
     torch.testing.assert_close(_frozen_run(_FrozenWithSubclass(), compile=True), eager)  # torch
     monkeypatch.setattr(dynamo_common, "aot_autograd", aotkit.aot_autograd)
     torch.testing.assert_close(_frozen_run(_FrozenWithSubclass(), compile=True), eager)
+
+
+# ---- an effectful custom op inside torch.cond: a clear error at compile time (Note
+# [Higher-order operators]); eager runs it, and so should aotkit one day
+
+
+def _effect_in_cond(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    from _effect_ops import log
+
+    out: torch.Tensor = torch.cond(
+        p, lambda x: log(x, "true") * 2, lambda x: log(x, "false") - 1, (x,)
+    )
+    return out.sum()
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
+def test_effectful_op_in_cond_raises_a_clear_error(requires_grad: bool) -> None:
+    from _effect_ops import LOG
+    from aotkit_capture import UnsupportedHigherOrderOperatorError
+
+    x = torch.randn(3, requires_grad=requires_grad)
+    LOG.clear()
+    _effect_in_cond(x, torch.tensor(True))  # eager runs
+    assert LOG == ["true"]
+    LOG.clear()
+    with pytest.raises(UnsupportedHigherOrderOperatorError, match="effectful") as info:
+        aot_function(_effect_in_cond, nop)(x, torch.tensor(True))
+    assert "cond" in str(info.value) and "Remedy" in str(info.value)
+    assert LOG == []  # nothing ran: the error comes before any call
+    # torch's AOTAutograd fails too
+    with pytest.raises(Exception):  # noqa: B017
+        torch_aot_function(_effect_in_cond, nop)(x, torch.tensor(True))

@@ -48,7 +48,11 @@ from ._effects import count_backward_tokens, with_backward_tokens
 from ._errors import explain_tracing_errors
 from ._fakify import construct_fake_mode, fakify_inputs
 from ._grad_mode_kernels import compiler_kernel_choices
-from ._hops import retry_with_shape_env
+from ._hops import (
+    check_no_effects_in_subgraphs,
+    effects_in_subgraph_error,
+    retry_with_shape_env,
+)
 from ._logs import log_inference, log_joint, log_partition
 from ._node_meta import propagate_mutation_meta
 from ._paths import describe_failure, native_blocker, notify_compiled, single_pass_blocker
@@ -436,6 +440,7 @@ def _compile_inference(
             traced_fn, fake, meta, cfg.decompositions, subclasses,
             functionalize=not cfg.disable_functionalization,
         )
+    check_no_effects_in_subgraphs(gm)  # See Note [Higher-order operators]
     propagate_mutation_meta(gm.graph)  # See Note [Preserved node meta]
     log_inference(gm, meta)
     artifacts.inference_module = gm
@@ -470,12 +475,18 @@ def _compile_training(
             if subclasses is not None
             else native_blocker(meta, cfg, artifacts.layout)
         )
-        joint, joint_inputs = trace_joint(
-            traced_fn, fake, meta, cfg.decompositions, native=blocker is None,
-            subclasses=subclasses, functionalize=not cfg.disable_functionalization,
-        )
+        try:
+            joint, joint_inputs = trace_joint(
+                traced_fn, fake, meta, cfg.decompositions, native=blocker is None,
+                subclasses=subclasses, functionalize=not cfg.disable_functionalization,
+            )
+        except TypeError as e:  # See Note [Higher-order operators]
+            if (error := effects_in_subgraph_error(e)) is not None:
+                raise error from e
+            raise
         artifacts.native_skipped = joint.meta.get(NATIVE_FALLBACK_KEY, blocker)
         artifacts.native_functionalization = artifacts.native_skipped is None
+    check_no_effects_in_subgraphs(joint)  # See Note [Higher-order operators]
     # See Note [Effect tokens]
     meta = artifacts.meta = with_backward_tokens(meta, count_backward_tokens(joint))
     n_tok = len(meta.tokens)
