@@ -20,6 +20,12 @@ treatment of it cannot trace the program.
 # advances as in eager). Programs whose regions trace the compile-time way keep that way
 # (and the partitioner's use of the tags). The flag is global in torch; it is set while
 # at least one such retried compilation runs, on any thread, and restored after the last.
+#
+# Under a trace, the checkpoint's caching mode writes the policy into fx's global
+# ``current_meta`` (``recompute``, ``ac_graph_id``) and leaves it there: every later trace
+# in the process would tag its nodes as checkpointed (torch's partitioners then fail on
+# the stale tags). Every compilation restores ``current_meta`` when it ends
+# (``fx_meta_restored``), failed attempts included.
 """
 
 from __future__ import annotations
@@ -36,6 +42,15 @@ SAC_MUTATION_MESSAGE = "Tensor cached during selective activation checkpoint has
 _lock = threading.Lock()
 _depth = [0]
 _entered: list[contextlib.ExitStack] = []
+
+
+def fx_meta_restored() -> contextlib.AbstractContextManager[None]:
+    """fx's ``current_meta`` as it was, after the block. See Note [Selective checkpointing
+    with in-place ops]."""
+    import torch.fx.traceback as fx_traceback
+
+    # the flag unchanged: only the saved meta is restored at exit
+    return fx_traceback.preserve_node_meta(fx_traceback.should_preserve_node_meta)
 
 
 def is_sac_mutation_error(e: BaseException) -> bool:

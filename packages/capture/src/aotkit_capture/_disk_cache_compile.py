@@ -21,7 +21,11 @@ from torch._guards import detect_fake_mode
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._batch_norm_cma import cumulative_batch_norm
-from ._checkpoint_modes import eager_selective_checkpointing, is_sac_mutation_error
+from ._checkpoint_modes import (
+    eager_selective_checkpointing,
+    fx_meta_restored,
+    is_sac_mutation_error,
+)
 from ._compile import CompiledArtifacts, Runner, compile_traced, finish
 from ._compile import _fakify as fakify_compiled
 from ._compiled_calls import compiling_under_fakes, inference_call, training_call
@@ -125,12 +129,13 @@ def _compile_flat(
         # See Note [Input changes no graph records]
         traced = cumulative_batch_norm(checking_input_rebinds(flat_fn, changes, watch_all))
         try:
-            return compile_traced(traced, flat_args, cfg)
+            with fx_meta_restored():
+                return compile_traced(traced, flat_args, cfg)
         except Exception as e:
             if not is_sac_mutation_error(e):
                 raise
         # See Note [Selective checkpointing with in-place ops]
-        with eager_selective_checkpointing():
+        with eager_selective_checkpointing(), fx_meta_restored():
             return compile_traced(traced, flat_args, cfg)
 
     with (
