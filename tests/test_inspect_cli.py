@@ -3,11 +3,13 @@ compilation], Note [Partition picture], Note [Comparing partitioners], Note [The
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import aotkit
 import pytest
@@ -139,3 +141,93 @@ def test_pareto_front() -> None:
               _outcome("d", 1, 100), _outcome("e", 10, 0)]
     # c (6 bytes, 60 FLOPs) is beaten by b; a and e tie, and both stay on the front
     assert [o.name for o in pareto_front(points)] == ["d", "b", "a", "e"]
+
+
+# transformers and timm models users bring, from tiny configs (tests/factories/hub_models.py)
+HUB = str(Path(__file__).parent / "factories" / "hub_models.py")
+HUB_MODELS = ["gpt2", "llama", "bert", "vit", "resnet18"]
+# torch's aot_module cannot run GPT-2: its functional_call refuses the tied embedding and
+# head weights (asserted, so that a torch that fixes it gets compared again)
+TORCH_FAILS = {"gpt2": "which are tied"}
+
+
+def _hub(name: str) -> tuple[torch.nn.Module, tuple[torch.Tensor, ...]]:
+    pytest.importorskip("transformers" if name != "resnet18" else "timm")
+    from aotkit._factory import load_factory
+
+    model, inputs = load_factory(f"{HUB}:{name}")
+    assert isinstance(model, torch.nn.Module)
+    return model, inputs
+
+
+def _loss_and_grads(
+    model: torch.nn.Module, inputs: tuple[torch.Tensor, ...], compile: Any = None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The loss and parameter gradients of one call of ``compile(model)`` (or ``model``)."""
+    torch.manual_seed(1)  # the same dropout draws for every run
+    loss = (model if compile is None else compile(model))(*inputs)
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("name", HUB_MODELS)
+def test_inspect_hub_model_every_partition_trains_as_eager(name: str) -> None:
+    """``aotkit.inspect`` reports a split per partitioner for each model (GPT-2 and Llama
+    used to crash in the recorder's copy of the joint graph: Note [Inspecting a
+    compilation]), and each partitioner's compilation gives eager's loss and gradients, as
+    torch's AOTAutograd does."""
+    import copy
+
+    from aotkit import aot_module, get_partitioner, nop
+    from functorch.compile import aot_module as torch_aot_module
+    from functorch.compile import min_cut_rematerialization_partition
+    from functorch.compile import nop as torch_nop
+
+    model, inputs = _hub(name)
+    fresh = copy.deepcopy(model)
+    out = io.StringIO()
+    cap = aotkit.inspect(copy.deepcopy(model), *inputs, file=out)
+    text = out.getvalue()
+    assert "training (joint forward+backward)" in text and "failed" not in text, text
+    assert cap.joint is not None and len(cap.outcomes) == len(aotkit.available_partitioners())
+    for outcome in cap.outcomes.values():
+        assert outcome.report is not None, outcome.error
+        assert outcome.report.num_fw_nodes > 50 and outcome.report.num_bw_nodes > 50
+
+    loss, grads = _loss_and_grads(copy.deepcopy(fresh), inputs)
+    runs: dict[str, Any] = {
+        part: functools.partial(aot_module, fw_compiler=nop, partition_fn=get_partitioner(part))
+        for part in aotkit.available_partitioners()
+    }
+    runs["torch"] = functools.partial(
+        torch_aot_module, fw_compiler=torch_nop,
+        partition_fn=min_cut_rematerialization_partition,
+    )
+    for label, compile in runs.items():
+        if label == "torch" and name in TORCH_FAILS:
+            with pytest.raises(ValueError, match=TORCH_FAILS[name]):
+                _loss_and_grads(copy.deepcopy(fresh), inputs, compile)
+            continue
+        got_loss, got_grads = _loss_and_grads(copy.deepcopy(fresh), inputs, compile)
+        torch.testing.assert_close(got_loss, loss, msg=lambda m, k=label: f"{k}: {m}")
+        assert got_grads.keys() == grads.keys(), label
+        for n, g in grads.items():
+            torch.testing.assert_close(got_grads[n], g, msg=lambda m, k=f"{label} {n}": f"{k}: {m}")
+
+
+def test_inspect_and_compare_cli_on_gpt2(tmp_path: Path) -> None:
+    """The reported crash: ``aotkit inspect`` on a transformers GPT-2, from the command line;
+    ``compare`` on the same model."""
+    pytest.importorskip("transformers")
+    picture = tmp_path / "gpt2.png"
+    done = _run("inspect", f"{HUB}:gpt2", "--picture", str(picture))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "training (joint forward+backward)" in done.stdout
+    for name in aotkit.available_partitioners():
+        assert f"\n{name} " in done.stdout
+    assert "failed" not in done.stdout
+    _check_png(picture, 1400, 700)
+    done = _run("compare", f"{HUB}:gpt2", "--budgets", "0,1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "memory_budget(0)" in done.stdout and "Pareto front" in done.stdout

@@ -10,6 +10,14 @@ the same joint graph, and their summaries (printed by ``aotkit.inspect``).
 # ``partition`` logger prints). A function whose inputs need no gradient is traced for
 # inference only: there is no joint graph and no partition to show.
 #
+# The recorder runs inside the compilation, where the trace's fake mode is active. A joint
+# graph may hold real tensor constants (transformers' GPT-2 records empty tensors built in
+# its forward as ``_tensor_constant`` attributes); deep-copying one of them under the fake
+# mode makes a fake tensor and then fails to give it the real tensor's storage. Every copy
+# of the joint graph (``copy_graph_module``) is therefore made with the fake mode unset:
+# the real constants are copied as real tensors, and the fake values in the nodes' meta as
+# fake tensors of their own mode.
+#
 # A module's forward nodes carry ``nn_module_stack`` as under dynamo: while it is traced,
 # global forward hooks put the running submodule's path into fx's current node meta, which
 # make_fx copies onto each node it records (``fx.traceback.preserve_node_meta``). Backward
@@ -74,7 +82,7 @@ class Capture:
         outcome = PartitionOutcome(name)
         try:
             fw, bw = fn(
-                copy.deepcopy(self.joint), self.joint_inputs, num_fwd_outputs=self.num_fwd_outputs
+                copy_graph_module(self.joint), self.joint_inputs, num_fwd_outputs=self.num_fwd_outputs
             )
             outcome.fw_module, outcome.bw_module = fw, bw
             outcome.report = partition_report(fw, bw, self.num_fwd_outputs, self.joint)
@@ -82,6 +90,15 @@ class Capture:
             outcome.error = f"{type(e).__name__}: {e}"
         self.outcomes[name] = outcome
         return outcome
+
+
+def copy_graph_module(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """A deep copy of ``gm``, made outside any active fake mode. See Note [Inspecting a
+    compilation]."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    with unset_fake_temporarily():
+        return copy.deepcopy(gm)
 
 
 @contextlib.contextmanager
@@ -174,7 +191,7 @@ def capture(fn_or_module: Callable[..., Any], *args: Any) -> Capture:
         **kwargs: Any,
     ) -> tuple[torch.fx.GraphModule, torch.fx.GraphModule]:
         recorded.update(
-            joint=copy.deepcopy(joint), inputs=list(joint_inputs), n=num_fwd_outputs
+            joint=copy_graph_module(joint), inputs=list(joint_inputs), n=num_fwd_outputs
         )
         return default_partition(joint, joint_inputs, num_fwd_outputs=num_fwd_outputs, **kwargs)
 

@@ -16,6 +16,7 @@ from aotkit_tracing import (
 from aotkit_tracing import (
     BACKWARD_TANGENT_METADATA_MUTATION as BACKWARD_TANGENT_METADATA_MUTATION,
 )
+from aotkit_tracing import COMPILATIONS_IN_PROGRESS as COMPILATIONS_IN_PROGRESS
 from aotkit_tracing import AOTCompileError as AOTCompileError
 from aotkit_tracing import FlatFn as FlatFn
 from aotkit_tracing import InputRebindError as InputRebindError
@@ -27,6 +28,7 @@ from aotkit_tracing import backward_spanning_scope as backward_spanning_scope
 from aotkit_tracing import call_preserving_node_meta as call_preserving_node_meta
 from aotkit_tracing import entered_until_backward_traced as entered_until_backward_traced
 from aotkit_tracing import explain_tracing_errors as explain_tracing_errors
+from aotkit_tracing import inside_a_trace as inside_a_trace
 from aotkit_tracing import trace_inference as trace_inference
 from aotkit_tracing import trace_joint as trace_joint
 from aotkit_tracing import trace_single_pass as trace_single_pass
@@ -79,6 +81,8 @@ from .inputs._requires_grad_changes import flipping_runner as flipping_runner
 from .inputs._requires_grad_changes import temporarily_flipped as temporarily_flipped
 
 __all__ = [
+    "COMPILATIONS_IN_PROGRESS",
+    "inside_a_trace",
     "AMBIENT_FIELDS",
     "AOTCompileError",
     "AOTExportError",
@@ -112,6 +116,7 @@ __all__ = [
     "compiling_under_fakes",
     "construct_fake_mode",
     "entered_until_backward_traced",
+    "inside_a_trace",
     "explain_tracing_errors",
     "fakify_compiled_inputs",
     "fakify_inputs",

@@ -16,6 +16,11 @@ from typing import Any
 from aotkit_schemas import AOTConfig, CompileCache, cache_counters
 from aotkit_tracing import FlatFn, checking_input_rebinds, new_compilation
 
+from .compile._checkpoint_modes import (
+    eager_selective_checkpointing,
+    fx_meta_restored,
+    is_sac_mutation_error,
+)
 from .compile._compile import CompiledArtifacts, Runner, compile_traced
 from .compile._gc import deferred_full_collections
 from .inputs._batch_norm_cma import cumulative_batch_norm
@@ -66,7 +71,15 @@ def _trace_and_compile(
     def compile_one(changes: Mapping[int, bool], watch_all: bool) -> tuple[Runner, CompiledArtifacts]:
         # See Note [Input changes no graph records]
         traced = cumulative_batch_norm(checking_input_rebinds(flat_fn, changes, watch_all))
-        return compile_traced(traced, flat_args, cfg)
+        try:
+            with fx_meta_restored():
+                return compile_traced(traced, flat_args, cfg)
+        except Exception as e:
+            if not is_sac_mutation_error(e):
+                raise
+        # See Note [Selective checkpointing with in-place ops]
+        with eager_selective_checkpointing(), fx_meta_restored():
+            return compile_traced(traced, flat_args, cfg)
 
     with (
         recording_generators() as created,

@@ -41,6 +41,7 @@ from aotkit_tracing import (
 from aotkit_capture.compile._compiled_calls import _backward_compiler, _no_grad_unless_grad_free
 from aotkit_capture.compile._context import track_graph_compiling
 from aotkit_capture.compile._graph_facts import tangent_dependencies
+from aotkit_capture.compile._tracing_context_meta import inference_meta_in_tracing_context
 
 
 def _example_inputs(gm: torch.fx.GraphModule) -> list[Any]:
@@ -61,7 +62,9 @@ def subclass_inference_call(
     with track_graph_compiling(cfg, "inference"), without_autocast_compiling(), (
         compiler_kernel_choices()  # See Note [Compilers see the caller's oneDNN setting]
     ):
-        raw = forward_with_tokens(compiler(gm, _example_inputs(gm)), len(meta.tokens))
+        # See Note [Metadata in the TracingContext for Inductor's freezing]
+        with inference_meta_in_tracing_context(meta, layer.inp_metas):
+            raw = forward_with_tokens(compiler(gm, _example_inputs(gm)), len(meta.tokens))
     raw = run_without_autocast(raw, disable_amp)
     # flattening the inputs makes a new list, so a boxed graph may clear it
     raw = subclass_forward(raw, layer.inp_metas, layer.fw_out_metas)
@@ -74,7 +77,7 @@ def subclass_training_call(
     meta: ViewAndMutationMeta,
     cfg: AOTConfig,
     layer: SubclassLayer,
-    stale_tangents: tuple[tuple[int, str], ...],
+    stale_tangents: tuple[tuple[int, str, str], ...],
 ) -> Callable[[list[Any]], Sequence[Any]]:
     """Compile the desugared forward now and the backward at its first call; the
     autograd.Function over the user's values. ``fake``: the joint's flat primals."""
@@ -91,12 +94,21 @@ def subclass_training_call(
     n_saved = partition.num_saved_symints + partition.num_saved_tensors
 
     def compile_subclass_backward() -> Callable[..., Any]:
+        # See Note [Subclass gradients of plain outputs] in aotkit_runtime: copied before
+        # the compiler sees (and may rewrite) the graph
+        uncompiled = (
+            _uncompiled_backward(partition.bw_module)
+            if meta.num_backward_tokens == 0
+            and any(not isinstance(m, SubclassCreationMeta) for m in layer.tangent_metas)
+            else None
+        )
         return subclass_backward(
             compile_backward(),
             n_saved,
             layer.tangent_metas,
             layer.grad_metas,
             tangent_layouts(layer.unwrap_tangents(meta.traced_tangents)),
+            uncompiled,
         )
 
     # the Function works on the user's values; only the compiled calls see the inner
@@ -114,6 +126,21 @@ def subclass_training_call(
     )
     wrapped_fw = subclass_forward(compiled_fw, layer.inp_metas, layer.fw_out_metas)
     return make_autograd_function(wrapped_fw, compile_subclass_backward, plan)
+
+
+def _uncompiled_backward(bw_module: torch.fx.GraphModule) -> Callable[[list[Any]], Sequence[Any]]:
+    """The backward graph, run op by op (a copy of its nodes, sharing its attributes). See
+    Note [Subclass gradients of plain outputs] in aotkit_runtime."""
+    graph = torch.fx.Graph()
+    out = graph.graph_copy(bw_module.graph, {})
+    graph.output(out)
+    gm = torch.fx.GraphModule(bw_module, graph)
+
+    def run(args: list[Any]) -> Sequence[Any]:
+        result: Sequence[Any] = gm(*args)
+        return result
+
+    return run
 
 
 def _user_tangent_deps(

@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 import torch.utils._pytree as pytree
 from aotkit_capture import (
+    COMPILATIONS_IN_PROGRESS,
     CapturedTensorError,
     CompiledArtifacts,
     Runner,
@@ -22,6 +23,7 @@ from aotkit_capture import (
     check_input_kinds,
     compile_flat,
     entered_until_backward_traced,
+    inside_a_trace,
     is_captured_tensor_error,
 )
 from aotkit_functional import leaf_inputs
@@ -143,6 +145,9 @@ class CompiledCache:
         self.effects: ForwardEffects | None = None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if COMPILATIONS_IN_PROGRESS[0] and inside_a_trace():
+            # See Note [Compiled functions called while aotkit traces] in aotkit_capture
+            return self.fn(*args, **kwargs)
         flat = not kwargs
         if flat:
             for a in args:
@@ -358,6 +363,9 @@ class AOTModule(nn.Module):
         self._compiled, self._state, self._effects, self._attrs = tree.compiled
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if COMPILATIONS_IN_PROGRESS[0] and inside_a_trace():
+            # See Note [Compiled functions called while aotkit traces] in aotkit_capture
+            return self.orig_module(*args, **kwargs)
         compiled, state, effects, attrs = self._tree.current()
         if compiled is not self._compiled:
             self._compiled, self._state, self._effects, self._attrs = (

@@ -34,6 +34,7 @@ from aotkit_schemas import artifact_enabled, disk_cache_enabled, log_artifact
 from torch._guards import Source, TracingContext
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils import stateless
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._aot_function import _resolve_partitioner, make_config
 from ._disk_cache import disk_cache, fingerprint_or_none
@@ -161,6 +162,14 @@ def _checked(
     return checked_runner
 
 
+def _inner_tensors(t: Any) -> list[Any]:
+    """``t``'s plain tensors: a traceable wrapper subclass's inner tensors, recursively."""
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    attrs, _ = t.__tensor_flatten__()
+    return [inner for name in attrs for inner in _inner_tensors(getattr(t, name))]
+
+
 def aot_module_simplified(
     mod: nn.Module,
     args: Sequence[Any],
@@ -218,7 +227,13 @@ def aot_module_simplified(
     params_flat = list(named.values())
     full_args = [*params_flat, *args]
     if (tracing := TracingContext.try_get()) is not None:
-        tracing.params_flat = params_flat
+        # See Note [Metadata in the TracingContext for Inductor's freezing] in
+        # aotkit_capture: Inductor's freezing sets the entries of frozen parameters to
+        # None, so it gets lists of its own
+        tracing.params_flat = list(params_flat)
+        unwrapped = [t for p in params_flat for t in _inner_tensors(p)]
+        tracing.params_flat_unwrap_subclasses = unwrapped
+        tracing.params_unwrapped_to_flat_index = list(range(len(unwrapped)))
     sources, static_indices = dynamo_metadata(mod, named.keys(), len(full_args))
     cfg = make_config(
         fw_compiler, bw_compiler, checking_fake_constants(_resolve_partitioner(partition_fn)),

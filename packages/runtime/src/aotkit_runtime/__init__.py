@@ -4,6 +4,8 @@ from ._autograd_function import BACKWARD_MUTATION_CREATE_GRAPH as BACKWARD_MUTAT
 from ._autograd_function import AutogradPlan as AutogradPlan
 from ._autograd_function import make_autograd_function as make_autograd_function
 from ._call import as_list_caller as as_list_caller
+from ._deferred_errors import deferred_error as deferred_error
+from ._deferred_errors import exception_path as exception_path
 from ._effects import backward_with_tokens as backward_with_tokens
 from ._effects import forward_with_tokens as forward_with_tokens
 from ._epilogue import make_epilogue as make_epilogue
@@ -38,6 +40,8 @@ __all__ = [
     "check_rebuildable",
     "coerce_tangent_layout",
     "create_subclass_metas",
+    "deferred_error",
+    "exception_path",
     "forward_with_tokens",
     "is_nested_int",
     "is_subclass",

@@ -54,7 +54,7 @@ the backward's inputs.
 # y) = (x.sin(), y)``: ``y`` is returned as it is) enters the Function detached. Otherwise
 # autograd gives the node an edge to ``y``, and ``y``'s gradient waits for the node's
 # backward, where eager accumulates it right away: with a backward that raises (See Note
-# [Backward paths through stale saved values] in aotkit_frontends) ``y.grad`` would stay
+# [Backward paths through stale saved values] in aotkit_capture) ``y.grad`` would stay
 # None where eager sets it.
 
 # Note [Gradients through unused outputs]
@@ -86,6 +86,7 @@ from aotkit_schemas import (
 )
 
 from ._call import as_list_caller
+from ._deferred_errors import deferred_error
 from ._higher_order import HigherOrder, RngDevices, higher_order_grads, rng_states
 from ._subclass import SubclassZeros
 from ._tangent_layout import TangentLayout, coerce_tangent_layout
@@ -160,9 +161,10 @@ class AutogradPlan:
     # forward-return positions of non_alias outputs the forward graph computes as a view
     # of an intermediate; See Note [unsafe_view_alias outputs]
     plain_view_outputs: tuple[int, ...] = ()
-    # (tangent index, autograd's message) for outputs whose backward must raise when used;
-    # See Note [Backward paths through stale saved values] in aotkit_frontends
-    stale_tangents: tuple[tuple[int, str], ...] = ()
+    # (tangent index, exception class, message) for outputs whose backward must raise when
+    # used; See Note [Backward paths through stale saved values] in aotkit_capture and
+    # Note [Deferred backward errors]
+    stale_tangents: tuple[tuple[int, str, str], ...] = ()
     # (shape, dtype, device) of every tangent (None: not a tensor) when all shapes are
     # static; the zeros fed for unused outputs. None: read from the outputs at run time.
     static_tangent_like: tuple[tuple[torch.Size, torch.dtype, torch.device] | None, ...] | None = (
@@ -225,9 +227,9 @@ def make_autograd_function(
     non_diff_positions = tuple(
         i for i in range(n_returns) if i not in set(tangent_positions) and i not in opaque
     )
-    # See Note [Backward paths through stale saved values] in aotkit_frontends: the
-    # backward raises autograd's message when one of these tangents gets a gradient
-    stale = dict(plan.stale_tangents)
+    # See Note [Backward paths through stale saved values] in aotkit_capture: the backward
+    # raises the trace's error when one of these tangents gets a gradient
+    stale = {k: (path, message) for k, path, message in plan.stale_tangents}
     backward_mutated_inputs = plan.backward_mutated_inputs
     bw_holder: list[Callable[[list[Any]], Sequence[Any]]] = []
     # set when the compiled backward reuses donated buffers (See Note [Donated buffers
@@ -339,7 +341,7 @@ def make_autograd_function(
                 if stale and t is not None and k in stale:
                     # raised here, like eager's error at the node that saved the value:
                     # after the gradients autograd accumulates first (leaves)
-                    raise RuntimeError(stale[k])
+                    raise deferred_error(*stale[k])  # See Note [Deferred backward errors]
                 if t is None:
                     unused |= {k}
                     zeros = subclass_zeros[k] if subclass_zeros is not None else None

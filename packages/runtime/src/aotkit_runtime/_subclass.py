@@ -460,26 +460,53 @@ def subclass_forward(
     return _boxed(run)
 
 
+# Note [Subclass gradients of plain outputs]
+# A loss built from a plain output and a subclass output (``x.sin().sum() + two.sum()``,
+# ``two`` a TwoTensor) hands the plain output a subclass gradient: eager's backward
+# formulas then run on the subclass, whose ``__torch_dispatch__`` makes every gradient
+# downstream a subclass too. The backward graph was traced for a plain tangent, and a
+# compiled graph takes plain tensors only. When such a tangent cannot be coerced to a
+# plain tensor (``__coerce_same_metadata_as_tangent__``), the backward runs the
+# *uncompiled* backward graph (``uncompiled``, its ATen ops called one by one) with the
+# subclass tangent in the plain slot, so the subclass's dispatch sees each op as in eager.
+# The gradients of plain inputs may come back as subclasses, as eager's do; a gradient
+# the graph builds as a subclass must come back with the traced nesting (a subclass of
+# subclasses is not what eager returns), else the backward raises torch's error.
+
+
 def subclass_backward(
     compiled: Callable[..., Any],
     num_saved: int,
     tangent_metas: Sequence[SubclassOrPlainMeta],
     grad_metas: Sequence[SubclassOrPlainMeta],
     inner_layouts: Sequence[TangentLayout | None] = (),
+    uncompiled: Callable[[list[Any]], Sequence[Any]] | None = None,
 ) -> Callable[[list[Any]], Sequence[Any]]:
     """A compiled backward graph called with ``(*saved, *tangents)`` where the tangents are
     the user's values: they are coerced to the traced metadata, flattened (inner tensors
     laid out as traced: ``inner_layouts``, per flat tangent, else contiguous) and the
     gradients rebuilt with ``grad_metas``. Boxed. See Note [Tangent strides follow the
-    outputs] in aotkit_analysis."""
+    outputs] in aotkit_analysis. ``uncompiled``: the backward graph run op by op, for a
+    subclass gradient of a plain output (See Note [Subclass gradients of plain outputs])."""
     call = as_list_caller(compiled)
     unwrap = make_unwrapper(tangent_metas)
     wrap = make_wrapper(grad_metas)
 
     def run(args: list[Any]) -> Sequence[Any]:
-        tangents = [
-            coerce_tangent(t, m) for t, m in zip(args[num_saved:], tangent_metas, strict=True)
-        ]
+        tangents = []
+        plain_slots_got_subclass = False
+        for t, m in zip(args[num_saved:], tangent_metas, strict=True):
+            try:
+                tangents.append(coerce_tangent(t, m))
+            except RuntimeError:
+                if uncompiled is None or isinstance(m, SubclassCreationMeta) or not is_subclass(t):
+                    raise
+                # See Note [Subclass gradients of plain outputs]
+                plain_slots_got_subclass = True
+                tangents.append(t)
+        if plain_slots_got_subclass:
+            assert uncompiled is not None
+            return _run_uncompiled(uncompiled, args[:num_saved], unwrap(tangents), wrap, grad_metas)
         inner = unwrap(tangents)
         layouts = inner_layouts or (None,) * len(inner)
         flat = [
@@ -493,3 +520,27 @@ def subclass_backward(
     return _boxed(run)
 
 
+
+
+def _run_uncompiled(
+    uncompiled: Callable[[list[Any]], Sequence[Any]],
+    saved: Sequence[Any],
+    inner: Sequence[Any],
+    wrap: Wrapper,
+    grad_metas: Sequence[SubclassOrPlainMeta],
+) -> Sequence[Any]:
+    """See Note [Subclass gradients of plain outputs]."""
+    flat = [t.contiguous() if isinstance(t, torch.Tensor) else t for t in inner]
+    grads = wrap(uncompiled([*saved, *flat]))
+    for g, m in zip(grads, grad_metas, strict=True):
+        if isinstance(m, SubclassCreationMeta) and g is not None and not _same_nesting(g, m):
+            raise RuntimeError(
+                "\nDuring the backward, we encountered a tensor subclass where we guessed its\n"
+                "metadata incorrectly.\n"
+                "A plain output's gradient was a tensor subclass, and the gradient of a "
+                f"{m.original_subclass_type.__name__} input came back nested differently "
+                f"than traced ({m.original_subclass_type.__name__}{_nesting_text(m)}): "
+                "backpropagate the outputs separately, or make the plain output's gradient "
+                "a plain tensor."
+            )
+    return grads

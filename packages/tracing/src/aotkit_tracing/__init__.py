@@ -14,6 +14,8 @@ from ._effects import with_backward_tokens as with_backward_tokens
 from ._errors import AOTCompileError as AOTCompileError
 from ._errors import explain_tracing_errors as explain_tracing_errors
 from ._hops import UnsupportedHigherOrderOperatorError as UnsupportedHigherOrderOperatorError
+from ._hops import check_no_effects_in_subgraphs as check_no_effects_in_subgraphs
+from ._hops import effects_in_subgraph_error as effects_in_subgraph_error
 from ._hops import retry_with_shape_env as retry_with_shape_env
 from ._subclass import SubclassLayer as SubclassLayer
 from ._subclass import check_layer_applies as check_layer_applies
@@ -41,8 +43,10 @@ from .core._trace import NATIVE_FALLBACK_KEY as NATIVE_FALLBACK_KEY
 from .core._trace import FlatFn as FlatFn
 from .core._trace import trace_inference as trace_inference
 from .core._trace import trace_joint as trace_joint
+from .core._trace_scope import COMPILATIONS_IN_PROGRESS as COMPILATIONS_IN_PROGRESS
 from .core._trace_scope import backward_spanning_scope as backward_spanning_scope
 from .core._trace_scope import entered_until_backward_traced as entered_until_backward_traced
+from .core._trace_scope import inside_a_trace as inside_a_trace
 from .core._trace_scope import new_compilation as new_compilation
 from .core._unfunctionalized import without_effect_tokens as without_effect_tokens
 from .inputs._input_rebinds import InputRebindError as InputRebindError
@@ -50,6 +54,10 @@ from .inputs._input_rebinds import InputRequiresGradChanged as InputRequiresGrad
 from .inputs._input_rebinds import checking_input_rebinds as checking_input_rebinds
 
 __all__ = [
+    "check_no_effects_in_subgraphs",
+    "effects_in_subgraph_error",
+    "COMPILATIONS_IN_PROGRESS",
+    "inside_a_trace",
     "BACKWARD_MUTATED_INPUTS_KEY",
     "InputRequiresGradChanged",
     "NATIVE_FALLBACK_KEY",

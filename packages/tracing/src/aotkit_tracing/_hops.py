@@ -50,6 +50,15 @@
 #   * A HOP that torch cannot trace in a mode aotkit uses raises an error that names the
 #     HOP and what to do (``UnsupportedHigherOrderOperator``), never a bare dispatcher
 #     message.
+#   * An effectful op (Note [Effect tokens]) inside a HOP's subgraph (``torch.cond``'s
+#     branch calling an op registered with ``_register_effectful_op``) gets a token made
+#     inside the subgraph: the traced graph holds it as a fake constant, its effect is
+#     not ordered with the graph's own chain, and the graph fails when it runs (an
+#     internal "Please convert all Tensors to FakeTensors" assertion, or a backward that
+#     misses its token). ``check_no_effects_in_subgraphs`` raises at compile time
+#     instead, naming the HOP and the op (``UnsupportedHigherOrderOperator``); a joint
+#     trace whose HOP backward fails for the missing ``tangents_token`` raises the same
+#     error (``effects_in_subgraph_error``). torch's AOTAutograd fails these programs too.
 """
 
 from __future__ import annotations
@@ -57,6 +66,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import torch
+import torch._ops
+import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ._errors import (
@@ -68,6 +80,8 @@ from ._errors import (
 __all__ = [
     "UNSUPPORTED_HOP_MESSAGE",
     "UnsupportedHigherOrderOperatorError",
+    "check_no_effects_in_subgraphs",
+    "effects_in_subgraph_error",
     "fake_mode_with_shape_env",
     "hop_in_traceback",
     "needs_shape_env",
@@ -130,3 +144,50 @@ def retry_with_shape_env(
         if fake_mode.shape_env is not None or not needs_shape_env(e):
             raise
     return compile_in(fake_mode_with_shape_env(), None)
+
+
+EFFECT_IN_SUBGRAPH_MESSAGE = (
+    "aotkit cannot compile {what} inside the higher-order operator {hop}: effect tokens, "
+    "which keep effectful operators in program order, are not threaded through {hop}'s "
+    "subgraphs (See Note [Higher-order operators]). Remedy: move the effectful call out "
+    "of {hop} (for example, call it on the branch's result, selected with torch.where), "
+    "or run this function eagerly."
+)
+
+
+def check_no_effects_in_subgraphs(gm: torch.fx.GraphModule) -> None:
+    """Raise UnsupportedHigherOrderOperatorError for an effectful op traced inside a HOP's
+    subgraph. See Note [Higher-order operators]."""
+    with_effects = torch.ops.higher_order.with_effects
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
+            continue
+        if node.target is with_effects:
+            continue
+        for arg in node.all_input_nodes:
+            if arg.op != "get_attr":
+                continue
+            sub = getattr(gm, str(arg.target), None)
+            if not isinstance(sub, torch.fx.GraphModule):
+                continue
+            for inner in sub.graph.nodes:
+                if inner.op == "call_function" and inner.target is with_effects:
+                    hop = f"torch.ops.higher_order.{node.target._name}"
+                    raise UnsupportedHigherOrderOperatorError(
+                        EFFECT_IN_SUBGRAPH_MESSAGE.format(
+                            what=f"the effectful operator {inner.args[1]}", hop=hop
+                        ),
+                        hop,
+                    )
+            check_no_effects_in_subgraphs(sub)
+
+
+def effects_in_subgraph_error(e: BaseException) -> UnsupportedHigherOrderOperatorError | None:
+    """The error of an effectful op inside a HOP, for a joint trace that failed because a
+    HOP's backward subgraph lacked its token. See Note [Higher-order operators]."""
+    if not (isinstance(e, TypeError) and "'tangents_token'" in str(e)):
+        return None
+    hop = next((h for h in (hop_in_traceback(e),) if h is not None), "a higher-order operator")
+    return UnsupportedHigherOrderOperatorError(
+        EFFECT_IN_SUBGRAPH_MESSAGE.format(what="an effectful operator", hop=hop), hop
+    )

@@ -155,7 +155,7 @@ class CachedEntry:
     layout_key: str
     mutated_user_inputs: tuple[int, ...] | None
     relative: list[int | None]
-    stale_tangents: tuple[tuple[int, str], ...]
+    stale_tangents: tuple[tuple[int, str, str], ...]
     single_pass: bool
     native_functionalization: bool
     backward_mutated_inputs: tuple[int, ...]
@@ -195,8 +195,10 @@ def read_entry(
         raise CacheFormatError("bad output offsets")
     if len(relative) != meta.num_outputs:
         raise CacheFormatError("output offsets do not match the outputs")
+    # (tangent, exception class, message); See Note [Deferred backward errors]
     if not isinstance(stale, list) or not all(
-        isinstance(t, list) and len(t) == 2 and type(t[0]) is int and isinstance(t[1], str)
+        isinstance(t, list) and len(t) == 3 and type(t[0]) is int
+        and isinstance(t[1], str) and isinstance(t[2], str)
         for t in stale
     ):
         raise CacheFormatError("bad stale-tangent list")
@@ -213,7 +215,7 @@ def read_entry(
         layout_key=layout_key,
         mutated_user_inputs=None if users is None else tuple(users),
         relative=list(relative),
-        stale_tangents=tuple((t[0], t[1]) for t in stale),
+        stale_tangents=tuple((t[0], t[1], t[2]) for t in stale),
         single_pass=single,
         native_functionalization=native,
         backward_mutated_inputs=tuple(bw_mutated),

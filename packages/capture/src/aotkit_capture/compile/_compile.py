@@ -38,8 +38,10 @@ from aotkit_tracing import (
     FlatFn,
     SubclassLayer,
     check_layer_applies,
+    check_no_effects_in_subgraphs,
     compiler_kernel_choices,
     count_backward_tokens,
+    effects_in_subgraph_error,
     explain_tracing_errors,
     needs_subclass_layer,
     preserved_autocast,
@@ -112,7 +114,7 @@ class CompiledArtifacts:
     from_cache: bool = False
     mutated_user_inputs: tuple[int, ...] | None = None
     relative_offsets: list[int | None] | None = None
-    stale_tangents: tuple[tuple[int, str], ...] = ()
+    stale_tangents: tuple[tuple[int, str, str], ...] = ()
     backward_mutated_inputs: tuple[int, ...] = ()
     # See Note [Programs whose backward is not the forward's derivative]: why a backward
     # with create_graph=True can't recompute (None: it can)
@@ -462,6 +464,7 @@ def _compile_inference(
             traced_fn, fake, meta, cfg.decompositions, subclasses,
             functionalize=not cfg.disable_functionalization,
         )
+    check_no_effects_in_subgraphs(gm)  # See Note [Higher-order operators]
     propagate_mutation_meta(gm.graph)  # See Note [Preserved node meta]
     log_inference(gm, meta)
     artifacts.inference_module = gm
@@ -496,12 +499,18 @@ def _compile_training(
             if subclasses is not None
             else native_blocker(meta, cfg, artifacts.layout)
         )
-        joint, joint_inputs = trace_joint(
-            traced_fn, fake, meta, cfg.decompositions, native=blocker is None,
-            subclasses=subclasses, functionalize=not cfg.disable_functionalization,
-        )
+        try:
+            joint, joint_inputs = trace_joint(
+                traced_fn, fake, meta, cfg.decompositions, native=blocker is None,
+                subclasses=subclasses, functionalize=not cfg.disable_functionalization,
+            )
+        except TypeError as e:  # See Note [Higher-order operators]
+            if (error := effects_in_subgraph_error(e)) is not None:
+                raise error from e
+            raise
         artifacts.native_skipped = joint.meta.get(NATIVE_FALLBACK_KEY, blocker)
         artifacts.native_functionalization = artifacts.native_skipped is None
+    check_no_effects_in_subgraphs(joint)  # See Note [Higher-order operators]
     # See Note [Effect tokens]
     meta = artifacts.meta = with_backward_tokens(meta, count_backward_tokens(joint))
     n_tok = len(meta.tokens)
@@ -527,7 +536,8 @@ def _compile_training(
     meta = artifacts.meta = with_donated_buffers(meta, partition, n_fwd)  # Note [Donated buffers]
     log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn), cfg.aot_id)
     artifacts.fw_module, artifacts.bw_module, artifacts.partition = fw_module, bw_module, partition
-    artifacts.stale_tangents = tuple(sorted(joint.meta.get(STALE_TANGENTS_KEY, {}).items()))
+    stale = joint.meta.get(STALE_TANGENTS_KEY, {})
+    artifacts.stale_tangents = tuple((k, *stale[k]) for k in sorted(stale))
     artifacts.backward_mutated_inputs = tuple(joint.meta.get(BACKWARD_MUTATED_INPUTS_KEY, ()))
     rewrites = current_rewrites()
     artifacts.higher_order_blocked = (

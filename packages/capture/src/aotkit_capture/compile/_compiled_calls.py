@@ -60,6 +60,7 @@ from ._saved_strides import (
     restride_saved,
     saved_tensor_strides,
 )
+from ._tracing_context_meta import inference_meta_in_tracing_context
 
 
 @contextlib.contextmanager
@@ -99,7 +100,9 @@ def inference_call(
     with track_graph_compiling(cfg, "inference"), without_autocast_compiling(), (
         compiler_kernel_choices()  # See Note [Compilers see the caller's oneDNN setting]
     ):
-        raw = forward_with_tokens(compiler(gm, example), n_tok)
+        # See Note [Metadata in the TracingContext for Inductor's freezing]
+        with inference_meta_in_tracing_context(meta):
+            raw = forward_with_tokens(compiler(gm, example), n_tok)
     raw = run_without_autocast(raw, disable_amp)
     compiled = as_list_caller(raw)
     if compiled is raw:
@@ -190,7 +193,7 @@ def training_call(
     fake: Sequence[Any],
     meta: ViewAndMutationMeta,
     cfg: AOTConfig,
-    stale_tangents: tuple[tuple[int, str], ...],
+    stale_tangents: tuple[tuple[int, str, str], ...],
     backward_mutated_inputs: tuple[int, ...],
     higher_order_blocked: str | None,
 ) -> Callable[[list[Any]], Sequence[Any]]:

@@ -189,6 +189,6 @@ def captured_tensor_error(
         "for the parameters and buffers of an nn.Module, compile the module with "
         "aot_module, which passes them as inputs (and tensors held directly in plain "
         "module attributes too); or register such a tensor as a buffer with "
-        "register_buffer(name, tensor). "
-        f"(Original error: {str(cause).splitlines()[0][:200]})"
+        "register_buffer(name, tensor). (torch's error while tracing is this exception's "
+        "__cause__.)"
     )

@@ -23,6 +23,7 @@ from aotkit_tracing.autocast._autocast_cache import (
     wrapped_as_leaf,
 )
 
+from ._backward_errors import error_record, raised_by_custom_backward
 from ._node_meta import backward_node_meta
 
 FlatFn = Callable[..., Sequence[Any]]
@@ -133,7 +134,10 @@ def forward_returns(
 # then, which the joint would otherwise raise at the call: a custom op registered without
 # an autograd formula (``torch.library.custom_op`` with no ``register_autograd``: the
 # forward runs, and eager's "Trying to backward through ... but no autograd formula was
-# registered" comes at backward, and only through outputs computed from the op).
+# registered" comes at backward, and only through outputs computed from the op), and an
+# error the user's ``autograd.Function.backward`` raises (Note [Errors raised by a custom
+# backward]). Each is recorded as its class and message (Note [Deferred backward errors]
+# in aotkit_runtime).
 STALE_TANGENTS_KEY = "aotkit_stale_tangents"
 _RAISED_WHEN_REACHED = (
     "modified by an inplace operation",
@@ -141,16 +145,18 @@ _RAISED_WHEN_REACHED = (
 )
 
 
-def _raised_when_reached(e: RuntimeError) -> bool:
+def _raised_when_reached(e: Exception) -> bool:
     """Whether eager raises ``e`` only when a backward reaches the node that raised it."""
+    if raised_by_custom_backward(e):  # See Note [Errors raised by a custom backward]
+        return True
     text = str(e)
-    return any(marker in text for marker in _RAISED_WHEN_REACHED)
+    return isinstance(e, RuntimeError) and any(m in text for m in _RAISED_WHEN_REACHED)
 
 
 def primal_grads(
     outs_and_tangents: Sequence[tuple[int, torch.Tensor, torch.Tensor]],
     f_primals: Sequence[Any],
-) -> tuple[list[Any], dict[int, str]]:
+) -> tuple[list[Any], dict[int, tuple[str, str]]]:
     """Gradients of the outputs for every primal (None where it does not require grad),
     and the outputs that could not be differentiated (See Note [Backward paths through
     stale saved values])."""
@@ -171,7 +177,7 @@ def primal_grads(
 def _input_grads(
     outs_and_tangents: Sequence[tuple[int, torch.Tensor, torch.Tensor]],
     inputs: Sequence[torch.Tensor],
-) -> tuple[list[Any], dict[int, str]]:
+) -> tuple[list[Any], dict[int, tuple[str, str]]]:
     """Gradients of the outputs w.r.t. ``inputs``; see Note [Backward paths through stale
     saved values] for the outputs that cannot be differentiated."""
     try:
@@ -184,20 +190,20 @@ def _input_grads(
                 retain_graph=True,
             )
         ), {}
-    except RuntimeError as e:
+    except Exception as e:
         if not _raised_when_reached(e):
             raise
     totals: list[Any] = [None] * len(inputs)
-    failed: dict[int, str] = {}
+    failed: dict[int, tuple[str, str]] = {}
     for k, out, tangent in outs_and_tangents:
         try:
             partial = torch.autograd.grad(
                 [out], list(inputs), grad_outputs=[tangent], allow_unused=True, retain_graph=True
             )
-        except RuntimeError as e:
+        except Exception as e:
             if not _raised_when_reached(e):
                 raise
-            failed[k] = str(e)
+            failed[k] = error_record(e)
             continue
         totals = [
             g if total is None else (total if g is None else total + g)

@@ -339,7 +339,7 @@ def trace_single_pass(
     if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in fake_args):
         raise NotSinglePass("no input requires grad")
     found: dict[str, Any] = {}
-    stale_tangents: dict[int, str] = {}
+    stale_tangents: dict[int, tuple[str, str]] = {}
 
     def joint(primals: list[Any]) -> list[Any]:
         # See Note [Contexts that span the backward trace]

@@ -379,7 +379,7 @@ def _trace_joint(
     n_tokens = num_tokens(meta)
     forward_marks: list[list[torch.fx.Node]] = []
     bw_mutated_requiring_grad: list[int] = []
-    stale_tangents: dict[int, str] = {}
+    stale_tangents: dict[int, tuple[str, str]] = {}
     saved_outputs = SavedOutputRecorder()
     primals = [*token_inputs(meta), *fake_args]
     tangents = list(meta.traced_tangents)

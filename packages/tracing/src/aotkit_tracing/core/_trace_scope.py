@@ -21,6 +21,19 @@
 # compilation nested in a joint trace (an aot_module called inside another compiled
 # function) starts with ``new_compilation``, which hides the outer scope: its own metadata
 # pass and traces never leave their module swapped for the rest of the outer trace.
+
+# Note [Compiled functions called while aotkit traces]
+# A function aotkit traces may call another compiled function (``aot_function`` or
+# ``aot_module``): ``outer = aot_function(lambda x: inner(x).cos(), nop)``. Eager runs the
+# inner function's code, and so does the outer trace: while a compilation is in progress on
+# a thread (``new_compilation``, around every compile and export trace), a compiled
+# function called on that thread runs the user's original function, whose ops the outer
+# trace records, instead of compiling it for the functional and fake tensors it is handed
+# (whose graph would run a compiled graph on tensors of a trace, which functionalization
+# refuses: "Attempting to use FunctionalTensor on its own"). The user's compilers run
+# inside the compilation too, where an inlined call runs eagerly: eager's values still.
+# A count of compilations in progress on all threads lets a call outside any compilation
+# pay one list read (``inside_a_trace``).
 """
 
 from __future__ import annotations
@@ -32,6 +45,10 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 _local = threading.local()
+# compilations in progress on any thread; See Note [Compiled functions called while aotkit
+# traces]
+COMPILATIONS_IN_PROGRESS = [0]
+_count_lock = threading.Lock()
 
 
 def _scopes() -> list[contextlib.ExitStack | None]:
@@ -61,10 +78,23 @@ def new_compilation() -> Iterator[None]:
     trace's scope. See Note [Contexts that span the backward trace]."""
     scopes = _scopes()
     scopes.append(None)
+    # See Note [Compiled functions called while aotkit traces]
+    with _count_lock:
+        COMPILATIONS_IN_PROGRESS[0] += 1
+    _local.compiling = getattr(_local, "compiling", 0) + 1
     try:
         yield
     finally:
+        _local.compiling -= 1
+        with _count_lock:
+            COMPILATIONS_IN_PROGRESS[0] -= 1
         scopes.pop()
+
+
+def inside_a_trace() -> bool:
+    """Whether a compilation is in progress on this thread. See Note [Compiled functions
+    called while aotkit traces]."""
+    return COMPILATIONS_IN_PROGRESS[0] > 0 and getattr(_local, "compiling", 0) > 0
 
 
 @contextlib.contextmanager

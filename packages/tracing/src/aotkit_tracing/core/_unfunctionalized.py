@@ -78,7 +78,7 @@ def trace_joint_unfunctionalized(
     program's mutations left in place. See Note [Tracing without functionalization]."""
     _check_supported(meta, subclasses)
     forward_marks: list[list[torch.fx.Node]] = []
-    stale: dict[int, str] = {}
+    stale: dict[int, tuple[str, str]] = {}
 
     def joint(primals: list[Any], tangents: list[Any]) -> list[Any]:
         # See Note [Contexts that span the backward trace]

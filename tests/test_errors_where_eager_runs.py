@@ -1,0 +1,415 @@
+"""Programs eager runs where aotkit (and torch's AOTAutograd) used to raise (issue 35), each
+compared with eager and, where it runs, with torch's AOTAutograd."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from aotkit import aot_function, nop
+from torch._functorch.aot_autograd import aot_function as torch_aot_function
+
+# ---- an autograd.Function whose backward raises (Note [Errors raised by a custom backward])
+
+
+class NoBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        raise ValueError("NoBackward has no backward")
+
+
+def _through_no_backward(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return NoBackward.apply(x).sum() + y.sum(), (y * 3).sum()
+
+
+def _backward_raises_run(fn: Any) -> tuple[torch.Tensor | None, str]:
+    """Call ``fn``, backpropagate the output that avoids the raising node (fine in eager),
+    then the one that reaches it; the gradient of the first and the second's error."""
+    x = torch.randn(3, requires_grad=True)
+    y = torch.randn(3, requires_grad=True)
+    reaches, avoids = fn(x, y)
+    avoids.backward()
+    grad = None if y.grad is None else y.grad.clone()
+    with pytest.raises(ValueError) as info:
+        reaches.backward()
+    return grad, str(info.value)
+
+
+def test_custom_backward_that_raises_only_when_reached() -> None:
+    eager = _backward_raises_run(_through_no_backward)
+    assert eager[0] is not None and eager[1] == "NoBackward has no backward"
+    torch.testing.assert_close(eager[0], torch.full((3,), 3.0))
+    got = _backward_raises_run(aot_function(_through_no_backward, nop))
+    assert got[1] == eager[1] and got[0] is not None
+    torch.testing.assert_close(got[0], eager[0])
+    # torch's AOTAutograd raises at the call, where eager runs
+    with pytest.raises(ValueError, match="NoBackward has no backward"):
+        torch_aot_function(_through_no_backward, nop)(
+            torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True)
+        )
+
+
+def test_custom_backward_error_keeps_a_local_class() -> None:
+    class Unsupported(Exception):
+        pass
+
+    class Local(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x.sin()
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            raise Unsupported(f"no gradient for shape {tuple(grad.shape)}")
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return Local.apply(x).sum()
+
+    for fn in (f, aot_function(f, nop)):
+        out = fn(torch.randn(2, 3, requires_grad=True))
+        with pytest.raises(Unsupported, match=r"no gradient for shape \(2, 3\)"):
+            out.backward()
+
+
+def test_torch_errors_in_a_custom_backward_still_raise_at_compile_time() -> None:
+    """A custom backward that cannot be traced, as opposed to one that raises itself, is
+    not deferred: the error torch raises while tracing comes at the call (Note [Errors
+    raised by a custom backward])."""
+
+    class Branches(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+            if grad.sum() > 0:  # data-dependent: fine in eager, not on fake tensors
+                return grad * 2
+            return grad
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return Branches.apply(x).sum()
+
+    x = torch.randn(3, requires_grad=True)
+    f(x).backward()  # eager runs
+    with pytest.raises(Exception) as info:
+        aot_function(f, nop)(x)
+    assert not isinstance(info.value, ValueError)
+
+
+def test_custom_backward_error_from_the_disk_cache(disk_cache_on: Path) -> None:
+    from aotkit_cache import cache_counters
+
+    got = _backward_raises_run(aot_function(_through_no_backward, nop))
+    assert cache_counters["trace"] == 1
+    again = _backward_raises_run(aot_function(_through_no_backward, nop))
+    assert cache_counters["hit"] == 1 and cache_counters["trace"] == 1
+    assert again[1] == got[1] == "NoBackward has no backward"
+    assert again[0] is not None and got[0] is not None
+    torch.testing.assert_close(again[0], got[0])
+
+
+# ---- a compiled function called inside another (Note [Compiled functions called while
+# aotkit traces])
+
+
+def _nested_pair() -> tuple[Any, Any]:
+    def inner_fn(x: torch.Tensor) -> torch.Tensor:
+        return x.sin() * 2
+
+    def outer_fn(inner: Any, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (inner(x @ w) + 1).cos().sum()
+
+    return inner_fn, outer_fn
+
+
+@pytest.mark.parametrize("inner_first", [False, True], ids=["fresh", "inner-compiled-first"])
+def test_aot_function_inside_aot_function(inner_first: bool) -> None:
+    inner_fn, outer_fn = _nested_pair()
+    x = torch.randn(3, 4)
+    w = torch.randn(4, 2, requires_grad=True)
+
+    def run(inner: Any, compile: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+        w.grad = None
+        outer = functools.partial(outer_fn, inner)
+        out = (outer if compile is None else compile(outer))(x, w)
+        out.backward()
+        assert w.grad is not None
+        return out.detach(), w.grad.clone()
+
+    eager = run(inner_fn)
+    inner = aot_function(inner_fn, nop)
+    if inner_first:  # a cached entry of the inner function exists; it is not used inside
+        torch.testing.assert_close(inner(x @ w), inner_fn(x @ w))
+    compiled_outer = aot_function(functools.partial(outer_fn, inner), nop)
+    for _ in range(2):
+        got = run(inner, lambda _: compiled_outer)
+        torch.testing.assert_close(got, eager)
+    assert len(compiled_outer._aotkit_cache.entries) == 1
+    assert len(inner._aotkit_cache.entries) == (1 if inner_first else 0)
+    # the inner function still compiles on its own, for real tensors
+    torch.testing.assert_close(inner(x), inner_fn(x))
+    assert len(inner._aotkit_cache.entries) >= 1
+    # torch's AOTAutograd fails here
+    with pytest.raises(RuntimeError, match="FunctionalTensor on its own"):
+        run(torch_aot_function(inner_fn, nop), lambda f: torch_aot_function(f, nop))
+
+
+def test_aot_module_inside_aot_module() -> None:
+    from aotkit import aot_module
+
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+
+    class Outer(torch.nn.Module):
+        def __init__(self, block: torch.nn.Module) -> None:
+            super().__init__()
+            self.block = block
+            self.head = torch.nn.Linear(4, 1)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.block(x)).sum()
+
+    import copy
+
+    eager_model = Outer(copy.deepcopy(block))
+    compiled_model = Outer(aot_module(copy.deepcopy(block), nop))
+    compiled_model.load_state_dict(
+        {k.replace("block.", "block.orig_module.", 1): v for k, v in eager_model.state_dict().items()}
+    )
+    outer = aot_module(compiled_model, nop)
+    x = torch.randn(5, 4)
+    eager_model(x).backward()
+    outer(x).backward()
+    for (n, p), (_, q) in zip(
+        eager_model.named_parameters(), compiled_model.named_parameters(), strict=True
+    ):
+        assert q.grad is not None, n
+        torch.testing.assert_close(q.grad, p.grad)
+
+
+# ---- a global tensor mutated inside the function: torch's internal text stays in the chain
+
+_GLOBAL_BUFFER = torch.zeros(3)
+
+
+def _adds_to_global(x: torch.Tensor) -> torch.Tensor:
+    _GLOBAL_BUFFER.add_(x.detach())
+    return x * 2
+
+
+def test_mutated_global_error_keeps_torch_text_in_the_chain() -> None:
+    from aotkit_capture import CapturedTensorError
+
+    x = torch.randn(3, requires_grad=True)
+    with pytest.raises(CapturedTensorError) as info:
+        aot_function(_adds_to_global, nop)(x)
+    text = str(info.value)
+    assert "mutates a tensor that is not one of its inputs" in text
+    assert "global '_GLOBAL_BUFFER' of _adds_to_global" in text
+    assert "INTERNAL ASSERT" not in text and "report a bug" not in text
+    cause = info.value.__cause__
+    assert isinstance(cause, RuntimeError) and "non-functional tensor" in str(cause)
+    torch.testing.assert_close(_GLOBAL_BUFFER, torch.zeros(3))  # nothing was written
+    # torch's AOTAutograd raises its internal assert as the error itself
+    with pytest.raises(RuntimeError, match="INTERNAL ASSERT FAILED"):
+        torch_aot_function(_adds_to_global, nop)(x)
+
+
+# ---- one loss from a plain output and a TwoTensor output (Note [Subclass gradients of
+# plain outputs])
+
+
+def _plain_and_two(
+    x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return (x * w).sin(), (y * 2).cos() + y.exp()
+
+
+def _plain_and_two_sharing_w(
+    x: torch.Tensor, y: torch.Tensor, w: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return (x * w).sin(), (y * 2).cos() * w
+
+
+def _mixed_loss_run(fn: Any) -> list[torch.Tensor]:
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    torch.manual_seed(0)
+    x = torch.randn(3, requires_grad=True)
+    y = TwoTensor(torch.randn(3), torch.randn(3)).requires_grad_()
+    w = torch.randn(3, requires_grad=True)
+    plain, two = fn(x, y, w)
+    loss = plain.sum() + two.sum()
+    assert type(loss).__name__ == "TwoTensor"
+    loss.backward()
+    grads = []
+    for t in (x, y, w):
+        assert t.grad is not None
+        assert type(t.grad).__name__ == "TwoTensor"
+        grads += [t.grad.a, t.grad.b]  # type: ignore[attr-defined]
+    return grads
+
+
+def test_loss_of_a_plain_and_a_two_tensor_output() -> None:
+    eager = _mixed_loss_run(_plain_and_two)
+    compiled = aot_function(_plain_and_two, nop)
+    for _ in range(2):
+        torch.testing.assert_close(_mixed_loss_run(compiled), eager)
+    # torch's AOTAutograd raises its metadata guess error
+    with pytest.raises(RuntimeError, match="__coerce_same_metadata_as_tangent__"):
+        _mixed_loss_run(torch_aot_function(_plain_and_two, nop))
+
+
+def test_loss_of_a_plain_and_a_two_tensor_output_sharing_an_input_raises() -> None:
+    """``w`` feeds both outputs: its gradient sums a TwoTensor from the plain output's
+    subclass gradient with one the graph builds from the TwoTensor output's inner tensors,
+    which the desugared backward cannot give eager's form of. A clear error, not a nested
+    TwoTensor (Note [Subclass gradients of plain outputs])."""
+    eager = _mixed_loss_run(_plain_and_two_sharing_w)
+    assert len(eager) == 6
+    with pytest.raises(RuntimeError, match="nested differently than traced"):
+        _mixed_loss_run(aot_function(_plain_and_two_sharing_w, nop))
+
+
+# ---- selective activation checkpointing with dropout (Note [Selective checkpointing with
+# in-place ops])
+
+
+def _save_mm(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    if op is torch.ops.aten.mm.default:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def _sac_region(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    h = torch.nn.functional.dropout(torch.mm(x, w).relu(), 0.5, training=True)
+    return torch.mm(h, w).sin()
+
+
+def _sac_dropout(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    context_fn = functools.partial(create_selective_checkpoint_contexts, _save_mm)
+    out = checkpoint(_sac_region, x, w, use_reentrant=False, context_fn=context_fn)
+    return out.sum()
+
+
+def _sac_run(fn: Any, seed: int) -> list[torch.Tensor]:
+    torch.manual_seed(seed)
+    x = torch.randn(4, 4)
+    w = torch.randn(4, 4, requires_grad=True)
+    out = fn(x, w)
+    out.backward()
+    assert w.grad is not None
+    return [out.detach(), w.grad, torch.rand(2)]  # the generator after forward and backward
+
+
+@pytest.mark.parametrize("partitioner", ["default", "min_cut"])
+def test_selective_checkpoint_with_dropout(partitioner: str) -> None:
+    from aotkit import get_partitioner
+
+    compiled = aot_function(_sac_dropout, nop, partition_fn=get_partitioner(partitioner))
+    for seed in (0, 1):
+        torch.testing.assert_close(_sac_run(compiled, seed), _sac_run(_sac_dropout, seed))
+    assert len(compiled._aotkit_cache.entries) == 1
+    import torch.fx.traceback as fx_traceback
+
+    assert "recompute" not in fx_traceback.current_meta  # nothing leaks into later traces
+    # torch's AOTAutograd fails on this program (its default partitioner on the tags); its
+    # failed trace leaves the checkpoint's tags in fx's current meta, restored here
+    with fx_traceback.preserve_node_meta(fx_traceback.should_preserve_node_meta):
+        with pytest.raises(TypeError, match="not supported between instances of 'NoneType'"):
+            _sac_run(torch_aot_function(_sac_dropout, nop), 0)
+
+
+# ---- Inductor's freezing reads what AOTAutograd leaves in the TracingContext (Note
+# [Metadata in the TracingContext for Inductor's freezing])
+
+
+class _FrozenWithSubclass(torch.nn.Module):
+    def __init__(self) -> None:
+        from torch.testing._internal.two_tensor import TwoTensor
+
+        super().__init__()
+        torch.manual_seed(0)
+        self.w = torch.nn.Parameter(
+            TwoTensor(torch.randn(3, 4), torch.randn(3, 4)), requires_grad=False
+        )
+        self.wt = torch.nn.Parameter(torch.randn(3, 4), requires_grad=False)
+        self.register_buffer("calls", torch.zeros(3, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls.add_(1)  # a mutated buffer stays an input: not frozen
+        picked = x.index_select(0, torch.tensor([0, 2, 1]))
+        out: torch.Tensor = picked + self.w + self.wt * self.calls
+        return out
+
+
+def _frozen_run(model: torch.nn.Module, compile: bool) -> list[torch.Tensor]:
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    fn = torch.compile(model, backend="inductor", fullgraph=True) if compile else model
+    got = []
+    with torch.no_grad(), inductor_config.patch(freezing=True):
+        for k in range(2):
+            out = fn(torch.arange(12.0).reshape(3, 4) + k)
+            got += [out.a, out.b]
+    return [*got, model.calls.clone()]  # type: ignore[operator]
+
+
+def test_inductor_freezing_with_subclass_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """aotkit's aot_autograd under Inductor's compile_fx (torch.compile's backends routed to
+    aotkit's, as torch's suite test_inductor_freezing_with_subclasses runs it)."""
+    import aotkit
+    import torch._dynamo.backends.common as dynamo_common
+    from aotkit_backends import inductor_available
+
+    if not inductor_available():
+        pytest.skip("Inductor cannot compile here")
+    eager = _frozen_run(_FrozenWithSubclass(), compile=False)
+    torch.testing.assert_close(_frozen_run(_FrozenWithSubclass(), compile=True), eager)  # torch
+    monkeypatch.setattr(dynamo_common, "aot_autograd", aotkit.aot_autograd)
+    torch.testing.assert_close(_frozen_run(_FrozenWithSubclass(), compile=True), eager)
+
+
+# ---- an effectful custom op inside torch.cond: a clear error at compile time (Note
+# [Higher-order operators]); eager runs it, and so should aotkit one day
+
+
+def _effect_in_cond(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+    from _effect_ops import log
+
+    out: torch.Tensor = torch.cond(
+        p, lambda x: log(x, "true") * 2, lambda x: log(x, "false") - 1, (x,)
+    )
+    return out.sum()
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
+def test_effectful_op_in_cond_raises_a_clear_error(requires_grad: bool) -> None:
+    from _effect_ops import LOG
+    from aotkit_capture import UnsupportedHigherOrderOperatorError
+
+    x = torch.randn(3, requires_grad=requires_grad)
+    LOG.clear()
+    _effect_in_cond(x, torch.tensor(True))  # eager runs
+    assert LOG == ["true"]
+    LOG.clear()
+    with pytest.raises(UnsupportedHigherOrderOperatorError, match="effectful") as info:
+        aot_function(_effect_in_cond, nop)(x, torch.tensor(True))
+    assert "cond" in str(info.value) and "Remedy" in str(info.value)
+    assert LOG == []  # nothing ran: the error comes before any call
+    # torch's AOTAutograd fails too
+    with pytest.raises(Exception):  # noqa: B017
+        torch_aot_function(_effect_in_cond, nop)(x, torch.tensor(True))
