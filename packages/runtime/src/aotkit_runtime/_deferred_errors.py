@@ -2,7 +2,7 @@
 
 # Note [Deferred backward errors]
 # The capture records, per tangent whose backward raised while the joint was traced (See
-# Note [Backward paths through stale saved values] in aotkit_capture), the exception's
+# Note [Backward paths through stale saved values] in aotkit_tracing), the exception's
 # class as ``module:qualname`` and its message: plain strings, so that the on-disk cache
 # stores them too. The compiled backward raises a new exception of that class with that
 # message when it receives a gradient for such an output: the user's ``ValueError`` from
