@@ -146,7 +146,7 @@ class CompiledCache:
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if COMPILATIONS_IN_PROGRESS[0] and inside_a_trace():
-            # See Note [Compiled functions called while aotkit traces] in aotkit_capture
+            # See Note [Compiled functions called while aotkit traces] in aotkit_tracing
             return self.fn(*args, **kwargs)
         flat = not kwargs
         if flat:
@@ -364,7 +364,7 @@ class AOTModule(nn.Module):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if COMPILATIONS_IN_PROGRESS[0] and inside_a_trace():
-            # See Note [Compiled functions called while aotkit traces] in aotkit_capture
+            # See Note [Compiled functions called while aotkit traces] in aotkit_tracing
             return self.orig_module(*args, **kwargs)
         compiled, state, effects, attrs = self._tree.current()
         if compiled is not self._compiled:

@@ -162,7 +162,7 @@ class AutogradPlan:
     # of an intermediate; See Note [unsafe_view_alias outputs]
     plain_view_outputs: tuple[int, ...] = ()
     # (tangent index, exception class, message) for outputs whose backward must raise when
-    # used; See Note [Backward paths through stale saved values] in aotkit_capture and
+    # used; See Note [Backward paths through stale saved values] in aotkit_tracing and
     # Note [Deferred backward errors]
     stale_tangents: tuple[tuple[int, str, str], ...] = ()
     # (shape, dtype, device) of every tangent (None: not a tensor) when all shapes are
@@ -227,7 +227,7 @@ def make_autograd_function(
     non_diff_positions = tuple(
         i for i in range(n_returns) if i not in set(tangent_positions) and i not in opaque
     )
-    # See Note [Backward paths through stale saved values] in aotkit_capture: the backward
+    # See Note [Backward paths through stale saved values] in aotkit_tracing: the backward
     # raises the trace's error when one of these tangents gets a gradient
     stale = {k: (path, message) for k, path, message in plan.stale_tangents}
     backward_mutated_inputs = plan.backward_mutated_inputs

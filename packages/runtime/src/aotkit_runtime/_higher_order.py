@@ -127,7 +127,7 @@ def higher_order_grads(
                 raise RuntimeError(INPUT_CHANGED.format(i=i, old=old, new=new))
     call = [None] * ho.num_tokens + list(args)
     # the graph holds the forward's casts already: run as compiled graphs run, without
-    # autocast (See Note [Compiled graphs run without autocast] in aotkit_capture)
+    # autocast (See Note [Compiled graphs run without autocast] in aotkit_tracing)
     with torch.enable_grad(), torch._C._DisableAutocast():
         if rng is not None:
             with _replaying(*rng):
