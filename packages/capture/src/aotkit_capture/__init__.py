@@ -19,6 +19,7 @@ from ._captured_tensors import captured_tensor_error as captured_tensor_error
 from ._captured_tensors import is_captured_tensor_error as is_captured_tensor_error
 from ._compile import CompiledArtifacts as CompiledArtifacts
 from ._compile import Runner as Runner
+from ._compile_lock import COMPILE_LOCK as COMPILE_LOCK
 from ._context import get_aot_compilation_context as get_aot_compilation_context
 from ._context import get_aot_graph_name as get_aot_graph_name
 from ._context import get_graph_being_compiled as get_graph_being_compiled
@@ -58,6 +59,9 @@ from ._saved_tensor_hooks import (
 from ._shape_guards import ShapeGuard as ShapeGuard
 from ._single_pass import NotSinglePass as NotSinglePass
 from ._single_pass import trace_single_pass as trace_single_pass
+from ._subclass_keys import SubclassKey as SubclassKey
+from ._subclass_keys import UnkeyableSubclassContextError as UnkeyableSubclassContextError
+from ._subclass_keys import subclass_key as subclass_key
 from ._trace import FlatFn as FlatFn
 from ._trace import trace_inference as trace_inference
 from ._trace import trace_joint as trace_joint
@@ -65,6 +69,7 @@ from ._trace_scope import backward_spanning_scope as backward_spanning_scope
 from ._trace_scope import entered_until_backward_traced as entered_until_backward_traced
 
 __all__ = [
+    "COMPILE_LOCK",
     "CacheSidecar",
     "Uncacheable",
     "AMBIENT_FIELDS",
@@ -91,6 +96,9 @@ __all__ = [
     "TracedGraphs",
     "UnsupportedHigherOrderOperatorError",
     "UnsupportedInputError",
+    "SubclassKey",
+    "UnkeyableSubclassContextError",
+    "subclass_key",
     "VALUE_KINDS",
     "backward_spanning_scope",
     "call_preserving_node_meta",

@@ -23,6 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from ._batch_norm_cma import cumulative_batch_norm
 from ._compile import CompiledArtifacts, Runner, compile_traced, finish
 from ._compile import _fakify as fakify_compiled
+from ._compile_lock import COMPILE_LOCK
 from ._compiled_calls import compiling_under_fakes, inference_call, training_call
 from ._disk_cache import cache_counters, reject_payload, variants
 from ._disk_cache import load as cache_load
@@ -91,7 +92,8 @@ def compile_flat(
     late pre-grad passes: See Note [Pre-grad passes after the cache lookup] in
     aotkit_frontends).
     """
-    with deferred_full_collections():  # See Note [Full collections deferred during a compile]
+    # See Note [Concurrent first calls]; See Note [Full collections deferred during a compile]
+    with COMPILE_LOCK, deferred_full_collections():
         return _compile_flat(flat_fn, flat_args, cfg, cache_identity, cache_sidecar, before_trace)
 
 
