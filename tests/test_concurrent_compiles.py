@@ -149,13 +149,13 @@ def test_stress_fresh_functions_four_threads(dynamic: bool) -> None:
     for _ in range(4):  # a fresh function each round: its first calls race
         bw_compiles: list[int] = []
 
-        def counting_bw(gm: torch.fx.GraphModule, example: Any) -> Any:
-            bw_compiles.append(1)
+        def counting_bw(gm: torch.fx.GraphModule, example: Any, seen: list[int] = bw_compiles) -> Any:
+            seen.append(1)
             return nop(gm, example)
 
         g = aot_function(_mlp, nop, counting_bw, dynamic=dynamic)
 
-        def call() -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        def call(g: Any = g) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
             a, b = w1.detach().requires_grad_(), w2.detach().requires_grad_()
             out = g(x, a, b)
             return out, torch.autograd.grad(out, [a, b])
@@ -179,7 +179,7 @@ def test_stress_aot_module_and_inference() -> None:
     for _ in range(3):
         compiled = aot_module(model, nop)
 
-        def call() -> torch.Tensor:
+        def call(compiled: Any = compiled) -> torch.Tensor:
             with torch.no_grad():
                 return compiled(x)  # type: ignore[no-any-return]
 

@@ -59,6 +59,7 @@ from ._requires_grad_changes import (
 )
 from ._restore_fake_mode import DeferredFakeMode, FakeModeLike
 from ._restored_fakes import RestoredFakes
+from ._rng_states import generator_state_kept
 from ._trace import FlatFn
 from ._trace_scope import new_compilation
 
@@ -93,7 +94,8 @@ def compile_flat(
     aotkit_frontends).
     """
     # See Note [Concurrent first calls]; See Note [Full collections deferred during a compile]
-    with COMPILE_LOCK, deferred_full_collections():
+    # See Note [Generator states the function sets]
+    with COMPILE_LOCK, deferred_full_collections(), generator_state_kept():
         return _compile_flat(flat_fn, flat_args, cfg, cache_identity, cache_sidecar, before_trace)
 
 

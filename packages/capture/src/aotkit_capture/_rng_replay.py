@@ -45,14 +45,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import operator
+import itertools
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import functionalize_rng_enabled
-from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
@@ -64,14 +64,16 @@ from torch.utils._python_dispatch import (
 from ._device_queries import OWN_MODES, fake_device, is_device_query
 
 __all__ = [
+    "RngEvent",
+    "RngTimeline",
     "draws_randomness",
     "keyed_rng",
-    "replay_rng_inplace",
+    "rng_forward_end",
     "trace_layer",
     "unkeyed_if_nothing_drew",
 ]
 
-_KEY = "aotkit_rng_key"
+KEY = "aotkit_rng_key"
 
 CHECKPOINT_RNG_OFF_MESSAGE = (
     "aotkit: a region recomputed in the backward (torch.utils.checkpoint) draws random "
@@ -95,6 +97,91 @@ def _on_cpu(out: Any) -> bool:
     return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values)
 
 
+def state_hash(state: torch.Tensor) -> bytes:
+    """The identity of a generator state (See Note [RNG replay keys])."""
+    return hashlib.sha256(bytes(state.tolist())).digest()
+
+
+def _post_seed(key: bytes, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> int:
+    """The seed of the state a draw leaves behind in the trace: a function of the state it
+    drew from and of what it drew (op, sizes, dtypes, scalars), as eager's next state is.
+    See Note [Generator states the function sets] in _rng_states."""
+    def describe(a: Any) -> str:
+        if isinstance(a, torch.Tensor):
+            return f"T{tuple(a.shape)}{a.dtype}{a.device}"
+        return repr(a)
+
+    text = "|".join([str(func), *map(describe, args), *(f"{k}={describe(v)}" for k, v in kwargs.items())])
+    digest = hashlib.sha256(key + text.encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@dataclass
+class RngEvent:
+    """One thing a keyed trace saw of the default CPU generator, in trace order: a draw
+    (``kind == "draw"``), or its state at the forward's end or at the trace's end. See
+    Note [Generator states the function sets] in _rng_states."""
+
+    kind: str  # "draw", "forward_end" or "end"
+    key: bytes  # the hash of the state a draw started from, or of the state at a mark
+    state: torch.Tensor  # that state (it becomes a constant when no earlier state is it)
+    # a draw: the hash of the state it left; the forward's end: of the backward's start
+    post: bytes = b""
+    nodes: list[torch.fx.Node] = field(default_factory=list)  # a draw's random nodes
+    last: torch.fx.Node | None = None  # a mark: the newest node of the graph then
+
+
+@dataclass
+class RngTimeline:
+    """What a keyed trace saw of the generator: the hash of its (fresh) state at the
+    start, then every event. Filled by ``keyed_rng``."""
+
+    start: bytes = b""
+    events: list[RngEvent] = field(default_factory=list)
+
+
+_FRESH = itertools.count()
+_TIMELINES = threading.local()  # the keyed traces running on this thread, innermost last
+
+
+def fresh_state() -> bytes:
+    """Seed the generator with a state no user code makes, and return its hash: the
+    symbol for "the generator as the caller left it" (See Note [Generator states the
+    function sets] in _rng_states)."""
+    digest = hashlib.sha256(b"aotkit fresh generator state %d" % next(_FRESH)).digest()
+    with _disable_current_modes():
+        torch.default_generator.manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        return state_hash(torch.default_generator.get_state())
+
+
+def _newest_node() -> torch.fx.Node | None:
+    mode = get_proxy_mode()
+    if mode is None:
+        return None
+    nodes = mode.tracer.graph.nodes
+    return next(iter(reversed(nodes)), None) if len(nodes) else None
+
+
+def _mark(timeline: RngTimeline, kind: str) -> RngEvent:
+    with _disable_current_modes():
+        state = torch.default_generator.get_state()
+    event = RngEvent(kind, state_hash(state), state, last=_newest_node())
+    timeline.events.append(event)
+    return event
+
+
+def rng_forward_end() -> None:
+    """Inside a joint trace made by ``keyed_rng`` with a timeline: record the generator's
+    state where the forward ends, then start the backward from a fresh state (the caller
+    may draw between forward and backward). See Note [Generator states the function
+    sets] in _rng_states."""
+    stack = getattr(_TIMELINES, "stack", None)
+    if not stack or stack[-1] is None:
+        return
+    event = _mark(stack[-1], "forward_end")
+    event.post = fresh_state()
+
+
 # One layer of the single pass sitting in the keying mode's frame: See Note [One dispatch
 # frame for aotkit's trace layers]. Called with the op, its arguments and ``run``, which
 # runs the op (keyed); returns the op's result.
@@ -116,6 +203,7 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         self.draws = 0  # random ops seen (See Note [An unkeyed backward])
         self.keying = keying
         self.layer: TraceLayer | None = None
+        self.timeline: RngTimeline | None = None
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -145,15 +233,23 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         graph = mode.tracer.graph if mode is not None else None
         before = set(graph.nodes) if graph is not None else set()
         with _disable_current_modes():
-            key = hashlib.sha256(bytes(torch.default_generator.get_state().tolist())).digest()
+            state = torch.default_generator.get_state()
+        key = state_hash(state)
         out = func(*args, **kwargs)
         if graph is None or not _on_cpu(out):
             return out
-        for node in graph.nodes:
-            if node not in before and node.op == "call_function" and _draws(node.target):
-                node.meta[_KEY] = key
+        nodes = [
+            node
+            for node in graph.nodes
+            if node not in before and node.op == "call_function" and _draws(node.target)
+        ]
+        for node in nodes:
+            node.meta[KEY] = key
         with _disable_current_modes():
-            torch.default_generator.manual_seed(int.from_bytes(key[:8], "little") >> 1)
+            torch.default_generator.manual_seed(_post_seed(key, func, args, kwargs))
+            post = state_hash(torch.default_generator.get_state())
+        if self.timeline is not None and nodes:
+            self.timeline.events.append(RngEvent("draw", key, state, post, nodes))
         return out
 
 
@@ -231,93 +327,35 @@ def draws_randomness(graph: torch.fx.Graph) -> bool:
     return any(n.op == "call_function" and _draws(n.target) for n in graph.nodes)
 
 
-def keyed_rng(fn: Callable[..., Any]) -> Callable[..., Any]:
+def keyed_rng(fn: Callable[..., Any], timeline: RngTimeline | None = None) -> Callable[..., Any]:
     """Wrap a function traced by make_fx so its random ops carry replay keys.
 
     Also with functionalized RNG off, so that a replay it would need is refused (See Note
     [Checkpointed random ops with functionalized RNG off]). See Note [RNG replay keys].
+    With ``timeline``, the trace starts from a fresh generator state and records every
+    draw and the final state in it (See Note [Generator states the function sets] in
+    _rng_states).
     """
 
     @functools.wraps(fn)
     def traced(*args: Any) -> Any:
         with _disable_current_modes():
             saved = torch.default_generator.get_state()
+        stack = _TIMELINES.__dict__.setdefault("stack", [])
+        stack.append(timeline)
         try:
-            with _RngKeys():  # type: ignore[no-untyped-call]
-                return fn(*args)
+            if timeline is not None:
+                timeline.start = fresh_state()
+            mode = _RngKeys()  # type: ignore[no-untyped-call]
+            mode.timeline = timeline
+            with mode:
+                out = fn(*args)
+            if timeline is not None:
+                _mark(timeline, "end")
+            return out
         finally:
+            stack.pop()
             with _disable_current_modes():
                 torch.default_generator.set_state(saved)
 
     return traced
-
-
-def _state_val(like: Any) -> Any:
-    with _disable_current_modes():
-        state = torch.default_generator.get_state()
-    fake_mode = getattr(like, "fake_mode", None)
-    return fake_mode.from_tensor(state) if fake_mode is not None else state
-
-
-def replay_rng_inplace(gm: torch.fx.GraphModule) -> int:
-    """Rewrite random ops that share a replay key; modifies ``gm``. Returns the number of
-    replays. See Note [RNG replay keys].
-
-    Before::
-
-        bernoulli = bernoulli.p(empty_like, 0.5)        # forward, key K
-        bernoulli_1 = bernoulli.p(empty_like_1, 0.5)    # checkpoint recompute, key K
-
-    After::
-
-        run_and_save = run_and_save_rng_state(bernoulli.p, empty_like, 0.5)
-        rng_state = run_and_save[0]; bernoulli = run_and_save[1]
-        bernoulli_1 = run_with_rng_state(rng_state, bernoulli.p, empty_like_1, 0.5)
-    """
-    groups: dict[bytes, list[torch.fx.Node]] = {}
-    for node in gm.graph.nodes:
-        key = node.meta.pop(_KEY, None)
-        if key is not None:
-            groups.setdefault(key, []).append(node)
-    if not functionalize_rng_enabled() and any(len(g) > 1 for g in groups.values()):
-        op = next(g for g in groups.values() if len(g) > 1)[0].target
-        raise RuntimeError(CHECKPOINT_RNG_OFF_MESSAGE.format(op=op))
-    graph = gm.graph
-    replays = 0
-    for first, *rest in groups.values():
-        if not rest:
-            continue
-        target = cast(torch.fx.node.Argument, first.target)
-        val = first.meta.get("val")
-        like = val[0] if isinstance(val, (tuple, list)) else val
-        with graph.inserting_before(first):
-            pair = graph.create_node(
-                "call_function", run_and_save_rng_state, (target, *first.args), dict(first.kwargs)
-            )
-            state = graph.create_node(
-                "call_function", operator.getitem, (pair, 0), {}, name=f"rng_state_{first.name}"
-            )
-            value = graph.create_node("call_function", operator.getitem, (pair, 1), {})
-        state.meta = {k: v for k, v in first.meta.items() if k != "val"}
-        state.meta["val"] = _state_val(like)
-        pair.meta = {k: v for k, v in first.meta.items() if k != "val"}
-        pair.meta["val"] = (state.meta["val"], val)
-        value.meta = dict(first.meta)
-        first.replace_all_uses_with(value)
-        graph.erase_node(first)
-        for node in rest:
-            with graph.inserting_before(node):
-                replay = graph.create_node(
-                    "call_function",
-                    run_with_rng_state,
-                    (state, cast(torch.fx.node.Argument, node.target), *node.args),
-                    dict(node.kwargs),
-                )
-            replay.meta = dict(node.meta)
-            node.replace_all_uses_with(replay)
-            graph.erase_node(node)
-            replays += 1
-    if replays:
-        graph.lint()
-        gm.recompile()
-    return replays
