@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint as cp
 from aotkit import aot_function, aot_module, functionalize_rng, nop
+from aotkit_capture import GeneratorStateError
 from aotkit_partitioners import default_partition, min_cut_rematerialization_partition
 from functorch.compile import aot_function as torch_aot_function
 from functorch.compile import nop as torch_nop
@@ -249,3 +250,47 @@ def test_switch_off_refuses_state_changes() -> None:
         compiled = aot_function(fork_only, nop)
         with pytest.raises(RuntimeError, match="sets the random generator's state"):
             compiled(torch.arange(3.0))
+
+
+# ---- a torch.Generator passed in (See Note [States of other generators]) -----------------
+
+
+def _argument_draws(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    with torch.random.fork_rng():  # forks the default generator, not ``g``
+        a = torch.rand(3, generator=g) + torch.rand(3)
+    return x * a + torch.randn(3, generator=g) + torch.rand(3)
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
+def test_a_generator_passed_in_continues_its_stream_as_in_eager(requires_grad: bool) -> None:
+    compiled = aot_function(_argument_draws, nop)
+    gens = [torch.Generator().manual_seed(5) for _ in range(2)]
+
+    def run(fn: Callable[..., torch.Tensor], g: torch.Generator) -> Callable[[torch.Tensor], Any]:
+        return lambda x: fn(x, g)
+
+    expected = observe(run(_argument_draws, gens[0]), requires_grad)
+    assert_same(expected, observe(run(compiled, gens[1]), requires_grad), "aotkit")
+    assert torch.equal(gens[0].get_state(), gens[1].get_state())
+
+
+def _seeds_its_argument(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    g.manual_seed(0)
+    return x * torch.rand(3, generator=g)
+
+
+def _sets_its_argument_back(x: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+    state = g.get_state()
+    a = torch.rand(3, generator=g)
+    g.set_state(state)
+    return x * a + torch.rand(3, generator=g)
+
+
+@pytest.mark.parametrize("fn", [_seeds_its_argument, _sets_its_argument_back])
+def test_setting_a_generator_passed_in_raises(fn: Callable[..., torch.Tensor]) -> None:
+    g = torch.Generator().manual_seed(3)
+    before = g.get_state()
+    compiled = aot_function(fn, nop)
+    with pytest.raises(GeneratorStateError, match="Seed or set the generator outside"):
+        compiled(torch.ones(3), g)
+    assert torch.equal(g.get_state(), before)  # the compile left the generator alone

@@ -52,6 +52,7 @@ from ._input_kinds import is_opaque_constant as is_opaque_constant
 from ._input_rebinds import InputRebindError as InputRebindError
 from ._node_meta import call_preserving_node_meta as call_preserving_node_meta
 from ._paths import record_compilations as record_compilations
+from ._rng_replay import GeneratorStateError as GeneratorStateError
 from ._saved_tensor_hooks import SavedTensorHookContext as SavedTensorHookContext
 from ._saved_tensor_hooks import (
     get_saved_tensor_hook_context as get_saved_tensor_hook_context,
@@ -69,6 +70,7 @@ from ._trace_scope import backward_spanning_scope as backward_spanning_scope
 from ._trace_scope import entered_until_backward_traced as entered_until_backward_traced
 
 __all__ = [
+    "GeneratorStateError",
     "COMPILE_LOCK",
     "CacheSidecar",
     "Uncacheable",

@@ -95,7 +95,7 @@ def compile_flat(
     """
     # See Note [Concurrent first calls]; See Note [Full collections deferred during a compile]
     # See Note [Generator states the function sets]
-    with COMPILE_LOCK, deferred_full_collections(), generator_state_kept():
+    with COMPILE_LOCK, deferred_full_collections(), generator_state_kept(flat_args):
         return _compile_flat(flat_fn, flat_args, cfg, cache_identity, cache_sidecar, before_trace)
 
 

@@ -131,6 +131,84 @@ class RngEvent:
     last: torch.fx.Node | None = None  # a mark: the newest node of the graph then
 
 
+# Note [States of other generators]
+# A ``torch.Generator`` passed to the function (or held by it) is drawn from by the graph
+# on every call, continuing its stream as eager does. If the function sets that
+# generator's state (``g.manual_seed(0)``, ``g.set_state(s)``), eager restarts the stream
+# and the graph would not: a silently wrong value from the second call on. The keyed
+# trace follows each such generator as it follows the default one (Note [RNG replay
+# keys]): generators among the traced function's arguments start from a fresh state,
+# every draw must start from the state the previous draw from it left, and the trace
+# must end there; otherwise the trace raises ``GeneratorStateError`` naming the fix (only
+# the default generator's states are replayed: See Note [Generator states the function
+# sets] in _rng_states). Every generator is put back to its state before the trace.
+
+GENERATOR_STATE_MESSAGE = (
+    "aotkit: the traced function sets the state of a torch.Generator it draws from "
+    "(generator.manual_seed, generator.set_state, or a fork of it){where}. The compiled "
+    "graph draws from the generator on every call and would continue its stream where eager "
+    "starts it again. Seed or set the generator outside the compiled function, or draw "
+    "from the default generator, whose states (torch.manual_seed, torch.set_rng_state, "
+    "torch.random.fork_rng) aotkit replays. See Note [States of other generators] in "
+    "aotkit_capture."
+)
+
+
+class GeneratorStateError(RuntimeError):
+    """A traced function sets the state of a non-default generator it draws from."""
+
+
+class _OtherGenerators:
+    """The non-default generators a keyed trace draws from. See Note [States of other
+    generators]."""
+
+    def __init__(self) -> None:
+        # [generator, its state before the trace, the hash of its live state, the hashes
+        # of the states it drew from], arguments first. A draw names its generator through another Python object than the
+        # argument (it went through the dispatcher), so generators are told apart by
+        # their live state, fresh and so unique.
+        self.seen: list[list[Any]] = []
+
+    def start(self, args: Sequence[Any]) -> None:
+        import torch.utils._pytree as pytree
+
+        for a in pytree.tree_leaves(list(args)):
+            if isinstance(a, torch.Generator) and a is not torch.default_generator:
+                saved = a.get_state()
+                a.manual_seed(_fresh_seed())
+                self.seen.append([a, saved, state_hash(a.get_state()), set()])
+
+    def draw(self, gen: torch.Generator, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        with _disable_current_modes():
+            key = state_hash(gen.get_state())
+            entry = next((e for e in self.seen if e[2] == key), None)
+            if entry is None:
+                if any(key in e[3] for e in self.seen):  # set back to an earlier state
+                    raise GeneratorStateError(GENERATOR_STATE_MESSAGE.format(where=f" before {func}"))
+                # first seen here (a global), or seeded by the function (the end sees it)
+                entry = [gen, gen.get_state(), key, set()]
+                self.seen.append(entry)
+        out = func(*args, **kwargs)
+        with _disable_current_modes():
+            gen.manual_seed(_post_seed(key, func, args, kwargs))
+            entry[3].add(key)
+            entry[2] = state_hash(gen.get_state())
+        return out
+
+    def check_end(self) -> None:
+        """Raise when a generator is not where its last draw left it (or, for an
+        argument never drawn from here, where the trace started it)."""
+        with _disable_current_modes():
+            for gen, _, live, _ in self.seen:
+                if state_hash(gen.get_state()) != live:
+                    raise GeneratorStateError(GENERATOR_STATE_MESSAGE.format(where=""))
+
+    def restore(self) -> None:
+        with _disable_current_modes():
+            for gen, saved, _, _ in reversed(self.seen):  # the arguments' own states last
+                gen.set_state(saved)
+
+
 @dataclass
 class RngTimeline:
     """What a keyed trace saw of the generator: the hash of its (fresh) state at the
@@ -138,19 +216,24 @@ class RngTimeline:
 
     start: bytes = b""
     events: list[RngEvent] = field(default_factory=list)
+    others: _OtherGenerators = field(default_factory=_OtherGenerators)
 
 
 _FRESH = itertools.count()
 _TIMELINES = threading.local()  # the keyed traces running on this thread, innermost last
 
 
+def _fresh_seed() -> int:
+    digest = hashlib.sha256(b"aotkit fresh generator state %d" % next(_FRESH)).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
 def fresh_state() -> bytes:
     """Seed the generator with a state no user code makes, and return its hash: the
     symbol for "the generator as the caller left it" (See Note [Generator states the
     function sets] in _rng_states)."""
-    digest = hashlib.sha256(b"aotkit fresh generator state %d" % next(_FRESH)).digest()
     with _disable_current_modes():
-        torch.default_generator.manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+        torch.default_generator.manual_seed(_fresh_seed())
         return state_hash(torch.default_generator.get_state())
 
 
@@ -229,6 +312,10 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         if not self.keying or not _draws(func):
             return func(*args, **kwargs)
         self.draws += 1
+        generator = kwargs.get("generator")
+        if self.timeline is not None and isinstance(generator, torch.Generator):
+            # See Note [States of other generators]
+            return self.timeline.others.draw(generator, func, args, kwargs)
         mode = get_proxy_mode()
         graph = mode.tracer.graph if mode is not None else None
         before = set(graph.nodes) if graph is not None else set()
@@ -346,16 +433,21 @@ def keyed_rng(fn: Callable[..., Any], timeline: RngTimeline | None = None) -> Ca
         try:
             if timeline is not None:
                 timeline.start = fresh_state()
+                with _disable_current_modes():
+                    timeline.others.start(args)
             mode = _RngKeys()  # type: ignore[no-untyped-call]
             mode.timeline = timeline
             with mode:
                 out = fn(*args)
             if timeline is not None:
                 _mark(timeline, "end")
+                timeline.others.check_end()
             return out
         finally:
             stack.pop()
             with _disable_current_modes():
                 torch.default_generator.set_state(saved)
+            if timeline is not None:
+                timeline.others.restore()
 
     return traced

@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, cast
 
 import torch
@@ -404,14 +404,18 @@ def trace_inference_rng(
 
 
 @contextlib.contextmanager
-def generator_state_kept() -> Iterator[None]:
-    """Put the default generator's state back after the block: a compilation runs the
-    user's function on fake tensors, whose ``manual_seed`` or ``set_rng_state`` set the
-    real generator (See Note [Generator states the function sets])."""
+def generator_state_kept(flat_args: Sequence[Any] = ()) -> Iterator[None]:
+    """Put the default generator's state, and that of every generator in ``flat_args``,
+    back after the block: a compilation runs the user's function on fake tensors, whose
+    ``manual_seed`` or ``set_rng_state`` set the real generators (See Note [Generator
+    states the function sets])."""
+    generators = [torch.default_generator]
+    generators += [a for a in flat_args if isinstance(a, torch.Generator)]
     with _disable_current_modes():
-        saved = torch.default_generator.get_state()
+        saved = [g.get_state() for g in generators]
     try:
         yield
     finally:
         with _disable_current_modes():
-            torch.default_generator.set_state(saved)
+            for g, state in zip(reversed(generators), reversed(saved), strict=True):
+                g.set_state(state)
