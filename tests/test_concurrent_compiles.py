@@ -6,6 +6,7 @@ a deadlock fails the test instead of hanging it.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 import threading
 import time
@@ -17,8 +18,6 @@ import torch
 import torch.fx._symbolic_trace as fx_trace
 from aotkit import aot_function, aot_module, nop
 from aotkit_capture import COMPILE_LOCK
-from functorch.compile import aot_function as torch_aot_function
-from functorch.compile import nop as torch_nop
 
 JOIN_TIMEOUT = 120.0
 
@@ -129,11 +128,44 @@ def test_overlapping_first_calls_compile_once_and_match_eager() -> None:
     assert len(g._aotkit_cache.entries) == 1
 
 
+_TORCH_RACE = """
+import threading, torch
+import torch.fx._symbolic_trace as fx_trace
+from functorch.compile import aot_function, nop
+first, second, done = threading.Event(), threading.Event(), threading.Event()
+entered = []
+def f(x):
+    if fx_trace._get_is_fx_tracing():
+        entered.append(1)
+        if len(entered) == 1:
+            first.set(); second.wait(3)
+        elif len(entered) == 2:
+            second.set(); done.wait(3)
+    return x.sin() * 2
+g = aot_function(f, nop)
+errors = []
+def run(release):
+    try:
+        g(torch.randn(4))
+    except BaseException as e:
+        errors.append(repr(e))
+    if release:
+        done.set()
+a = threading.Thread(target=run, args=(True,)); a.start(); first.wait(30)
+b = threading.Thread(target=run, args=(False,)); b.start()
+a.join(60); b.join(60)
+print(errors)
+"""
+
+
 def test_torch_aot_function_breaks_on_the_same_interleaving() -> None:
-    """The crash aotkit fixes, pinned in torch (if torch fixes it, drop this)."""
-    _, results, _ = _interleaved_first_calls(lambda f: torch_aot_function(f, torch_nop))
-    errors = [r for r in results.values() if isinstance(r, BaseException)]
-    assert errors and "CURRENT_PATCHER" in str(errors[0])
+    """The crash aotkit fixes, pinned in torch (if torch fixes it, drop this). In a
+    subprocess: the race leaves torch.fx's module patches in place for good."""
+    out = subprocess.run(
+        [sys.executable, "-c", _TORCH_RACE], capture_output=True, text=True, timeout=300,
+        check=True,
+    ).stdout
+    assert "CURRENT_PATCHER is None in finally block" in out, out
 
 
 def _mlp(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
