@@ -294,3 +294,15 @@ def test_setting_a_generator_passed_in_raises(fn: Callable[..., torch.Tensor]) -
     with pytest.raises(GeneratorStateError, match="Seed or set the generator outside"):
         compiled(torch.ones(3), g)
     assert torch.equal(g.get_state(), before)  # the compile left the generator alone
+
+
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize(
+    "name", ["fork_then_outside", "seed_inside", "save_and_restore", "checkpoint_preserving"]
+)
+def test_without_functionalization_matches_eager(name: str, requires_grad: bool) -> None:
+    """``disable_functionalization=True`` traces with plain make_fx; its random ops are
+    keyed and its generator states replayed the same way."""
+    fn = PROGRAMS[name]
+    compiled = aot_function(fn, nop, nop, disable_functionalization=True)
+    assert_same(observe(fn, requires_grad), observe(compiled, requires_grad), "aotkit")
