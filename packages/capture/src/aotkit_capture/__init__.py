@@ -19,6 +19,7 @@ from aotkit_tracing import (
 from aotkit_tracing import COMPILATIONS_IN_PROGRESS as COMPILATIONS_IN_PROGRESS
 from aotkit_tracing import AOTCompileError as AOTCompileError
 from aotkit_tracing import FlatFn as FlatFn
+from aotkit_tracing import GeneratorStateError as GeneratorStateError
 from aotkit_tracing import InputRebindError as InputRebindError
 from aotkit_tracing import NotSinglePass as NotSinglePass
 from aotkit_tracing import (
@@ -44,6 +45,7 @@ from .compile._compile import CompiledArtifacts as CompiledArtifacts
 from .compile._compile import Runner as Runner
 from .compile._compile import _fakify as fakify_compiled_inputs
 from .compile._compile import finish as finish_compilation
+from .compile._compile_lock import COMPILE_LOCK as COMPILE_LOCK
 from .compile._compiled_calls import compiling_under_fakes as compiling_under_fakes
 from .compile._compiled_calls import inference_call as inference_call
 from .compile._compiled_calls import training_call as training_call
@@ -79,8 +81,16 @@ from .inputs._input_kinds import is_opaque_constant as is_opaque_constant
 from .inputs._requires_grad_changes import changes_from_json as changes_from_json
 from .inputs._requires_grad_changes import flipping_runner as flipping_runner
 from .inputs._requires_grad_changes import temporarily_flipped as temporarily_flipped
+from .inputs._subclass_keys import SubclassKey as SubclassKey
+from .inputs._subclass_keys import UnkeyableSubclassContextError as UnkeyableSubclassContextError
+from .inputs._subclass_keys import subclass_key as subclass_key
 
 __all__ = [
+    "COMPILE_LOCK",
+    "GeneratorStateError",
+    "SubclassKey",
+    "UnkeyableSubclassContextError",
+    "subclass_key",
     "COMPILATIONS_IN_PROGRESS",
     "inside_a_trace",
     "AMBIENT_FIELDS",
@@ -105,6 +115,9 @@ __all__ = [
     "TracedGraphs",
     "UnsupportedHigherOrderOperatorError",
     "UnsupportedInputError",
+    "SubclassKey",
+    "UnkeyableSubclassContextError",
+    "subclass_key",
     "VALUE_KINDS",
     "ambient_key",
     "backward_spanning_scope",

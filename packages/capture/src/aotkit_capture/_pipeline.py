@@ -14,7 +14,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from aotkit_schemas import AOTConfig, CompileCache, cache_counters
-from aotkit_tracing import FlatFn, checking_input_rebinds, new_compilation
+from aotkit_tracing import FlatFn, checking_input_rebinds, generator_state_kept, new_compilation
 
 from .compile._checkpoint_modes import (
     eager_selective_checkpointing,
@@ -22,6 +22,7 @@ from .compile._checkpoint_modes import (
     is_sac_mutation_error,
 )
 from .compile._compile import CompiledArtifacts, Runner, compile_traced
+from .compile._compile_lock import COMPILE_LOCK
 from .compile._gc import deferred_full_collections
 from .inputs._batch_norm_cma import cumulative_batch_norm
 from .inputs._generators import check_no_created_generators, recording_generators
@@ -48,7 +49,9 @@ def compile_flat(
     cache's key must already cover what it does (aot_module_simplified's late pre-grad
     passes: See Note [Pre-grad passes after the cache lookup] in aotkit_frontends).
     """
-    with deferred_full_collections():  # See Note [Full collections deferred during a compile]
+    # See Note [Concurrent first calls]; See Note [Full collections deferred during a compile]
+    # See Note [Generator states the function sets]
+    with COMPILE_LOCK, deferred_full_collections(), generator_state_kept(flat_args):
         if cache is not None:
             restored = cache.lookup(flat_args, cfg)
             if restored is not None:

@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.utils._pytree as pytree
 from aotkit_capture import (
     COMPILATIONS_IN_PROGRESS,
+    COMPILE_LOCK,
     CapturedTensorError,
     CompiledArtifacts,
     Runner,
@@ -41,7 +42,11 @@ from aotkit_frontends.module_state._module_attrs import (
 )
 from aotkit_frontends.module_state._module_effects import ForwardEffects
 from aotkit_frontends.module_state._module_structure import Rebuilding
-from aotkit_frontends.module_state._reparametrize import distinct_positions, reparametrized
+from aotkit_frontends.module_state._reparametrize import (
+    distinct_positions,
+    read_module_state,
+    reparametrized,
+)
 from aotkit_frontends.module_state._tensor_attrs import (
     RETRY_LIMIT,
     TENSOR_ATTRIBUTES,
@@ -121,8 +126,9 @@ class CompiledCache:
         # every compilation, oldest first (len(entries) == number of compilations)
         self.entries: list[Entry] = []
         self._by_key: dict[tuple[Any, ...], list[Entry]] = {}
-        self.last_key: tuple[Any, ...] | None = None
-        self.last_entry: Entry | None = None
+        # the last call's key and entry, one tuple: read without a lock (See Note
+        # [Concurrent first calls] in aotkit_capture)
+        self._last: tuple[tuple[Any, ...], Entry] | None = None
         self._flat_specs: dict[int, pytree.TreeSpec] = {}
         self._dynamic = cfg.dynamic_shapes
         self._num_static = cfg.num_params_buffers
@@ -167,14 +173,17 @@ class CompiledCache:
         )
         if self.module_modes is not None:
             key = (*key, self.module_modes())
-        entry = self.last_entry
+        last = self._last
         if (
-            key != self.last_key
-            or entry is None
-            or (entry[2].guard is not None and not entry[2].guard(flat_args))
+            last is None
+            or key != last[0]
+            or (last[1][2].guard is not None and not last[1][2].guard(flat_args))
         ):
-            key, entry = self._lookup(key, flat_args, in_spec)
-            self.last_key, self.last_entry = key, entry
+            with COMPILE_LOCK:  # a miss: See Note [Concurrent first calls] in aotkit_capture
+                key, entry = self._lookup(key, flat_args, in_spec)
+                self._last = (key, entry)
+        else:
+            entry = last[1]
         if self.effects is not None:  # See Note [Plain attributes a forward changes]
             return self.effects.after_call(entry[2], entry[1].unflatten(entry[0](flat_args)))
         return entry[1].unflatten(entry[0](flat_args))
@@ -190,7 +199,7 @@ class CompiledCache:
             if guard is None or guard(flat_args):
                 return key, entry
         log_recompile(
-            self.fn, self.last_key, key, candidates[-1][2].guard if candidates else None,
+            self.fn, self._last[0] if self._last is not None else None, key, candidates[-1][2].guard if candidates else None,
             flat_args, len(self.entries), attr_names=self.attr_names,
         )
         attrs = self.module_attrs
@@ -375,12 +384,10 @@ class AOTModule(nn.Module):
             return self.orig_module(*args, **kwargs)
         # See Note [Tensor attributes of aot_module's modules]
         for _ in range(RETRY_LIMIT):
-            if attrs.tensor_inputs:
-                values = attrs.tensor_input_values()
-                if any(v is not None for v in values):
-                    kwargs = {**kwargs, TENSOR_ATTRIBUTES: values}
+            # See Note [Module state read while another thread traces]
+            tensors, extra = read_module_state(lambda: self._module_state(state, attrs))
             try:
-                return compiled(*state.current(), *args, **kwargs)
+                return compiled(*tensors, *args, **kwargs, **extra)
             except RetryWithTensorAttributes:
                 continue
         raise RuntimeError(
@@ -390,6 +397,19 @@ class AOTModule(nn.Module):
             f"or pass them to forward as arguments. See Note [Tensor attributes of "
             f"aot_module's modules]."
         )
+
+
+    @staticmethod
+    def _module_state(state: _StateSlots, attrs: ModuleAttrs) -> tuple[list[Any], dict[str, Any]]:
+        """The module's current parameters and buffers, and the tensor attributes the
+        graphs take as inputs (as keyword arguments). See Note [Tensor attributes of
+        aot_module's modules]."""
+        extra: dict[str, Any] = {}
+        if attrs.tensor_inputs:
+            values = attrs.tensor_input_values()
+            if any(v is not None for v in values):
+                extra = {TENSOR_ATTRIBUTES: values}
+        return state.current(), extra
 
 
 def aot_module(mod: nn.Module, *args: Any, **kwargs: Any) -> nn.Module:

@@ -21,7 +21,11 @@
 #     VALUE_KINDS (int, float by bit pattern, bool, str, complex, None, dtype, device,
 #     layout, memory_format) and opaque constants (every Enum) by type and value; other
 #     kinds are refused at compile time unless the graph takes them as inputs (See Note
-#     [Non-tensor inputs] in aotkit_capture).
+#     [Non-tensor inputs] in aotkit_capture);
+#   * the type of every tensor that is not a plain tensor or parameter, and for a tensor
+#     subclass its ``__tensor_flatten__`` context by value and its inner tensors'
+#     metadata, recursively (See Note [Subclass inputs in the compile key] in
+#     aotkit_capture; a context the key cannot hold is refused).
 # The ShapeEnv guards of a dynamic entry: See Note [Shape guards] in aotkit_capture.
 """
 
@@ -31,7 +35,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from aotkit_capture import VALUE_KINDS, ambient_key, is_opaque_constant
+from aotkit_capture import VALUE_KINDS, ambient_key, is_opaque_constant, subclass_key
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 
 def _alias_key(flat_args: Sequence[Any], *, with_shapes: bool) -> tuple[Any, ...]:
@@ -95,13 +100,17 @@ def input_key(
             rg = a.requires_grad
             # See Note [Autocast's cast cache in the trace] in aotkit_tracing
             leaf = rg and a.is_leaf and not a._is_view()
-            if dynamic and i >= num_static:
-                parts.append((a.dtype, a.device, a.layout, a.dim(), rg, leaf))
-            else:
-                parts.append(
-                    (a.dtype, a.device, a.layout, a.shape, a.stride(), rg, leaf,
-                     a.storage_offset())
-                )
+            static = not dynamic or i < num_static
+            part: tuple[Any, ...] = (
+                (a.dtype, a.device, a.layout, a.shape, a.stride(), rg, leaf, a.storage_offset())
+                if static
+                else (a.dtype, a.device, a.layout, a.dim(), rg, leaf)
+            )
+            cls = type(a)
+            if cls is not torch.Tensor and cls is not torch.nn.Parameter:
+                # See Note [Subclass inputs in the compile key] in aotkit_capture
+                part = (*part, _tensor_kind(a, i, static))
+            parts.append(part)
         elif type(a) is int:
             parts.append(int if dynamic else (int, a))
         elif type(a) is float:
@@ -116,6 +125,13 @@ def input_key(
     if len(flat_args) > 1:
         parts.append(_alias_key(flat_args, with_shapes=dynamic))
     return tuple(parts)
+
+
+def _tensor_kind(a: torch.Tensor, i: int, static: bool) -> Any:
+    """The key part of a tensor's type: a subclass's key, or the type itself."""
+    if is_traceable_wrapper_subclass(a):
+        return subclass_key(a, with_shapes=static, where=f"flat input {i}")
+    return ("type", type(a))
 
 
 def describe_flat_input(in_spec: Any, num_params_buffers: int, index: int) -> str:

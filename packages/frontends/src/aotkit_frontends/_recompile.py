@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from aotkit_capture import AMBIENT_FIELDS
+from aotkit_capture import AMBIENT_FIELDS, SubclassKey
 from aotkit_schemas import artifact_enabled, log_artifact
 
 from aotkit_frontends.module_state._module_attrs import explain_attr_change
@@ -34,6 +34,9 @@ _TENSOR_FIELDS: dict[int, tuple[str, ...]] = {
         "leaf that requires grad", "storage_offset"),
     6: ("dtype", "device", "layout", "ndim", "requires_grad", "leaf that requires grad"),
 }
+# a tensor that is not a plain tensor adds its type or subclass key (See Note [Subclass
+# inputs in the compile key] in aotkit_capture)
+_TENSOR_FIELDS.update({n + 1: (*f, "tensor type") for n, f in list(_TENSOR_FIELDS.items())})
 # words for ambient parts, by position from the start of the key
 _AMBIENT_NAMES: dict[int, str] = {0: "grad mode"}
 
@@ -79,14 +82,29 @@ def _autocast_words(state: Any) -> str:
     return "on for " + ", ".join(on) if on else "off"
 
 
+def _with_type(old: Any, new: Any, lengths: dict[int, tuple[str, ...]]) -> tuple[Any, Any]:
+    """Two tensor parts of one length: a plain tensor's gets its type (See Note [Subclass
+    inputs in the compile key] in aotkit_capture) when the other has one."""
+    if isinstance(old, tuple) and isinstance(new, tuple) and old and new:
+        plain = ("type", torch.Tensor)
+        if len(old) + 1 == len(new) and len(new) in lengths and len(old) in lengths:
+            return (*old, plain), new
+        if len(new) + 1 == len(old) and len(old) in lengths and len(new) in lengths:
+            return old, (*new, plain)
+    return old, new
+
+
 def _input(i: int, old: Any, new: Any) -> list[str]:
+    if _is_tensor_part(old) and _is_tensor_part(new):
+        old, new = _with_type(old, new, _TENSOR_FIELDS)
     if isinstance(old, tuple) and isinstance(new, tuple) and len(old) == len(new):
         fields = _TENSOR_FIELDS.get(len(old))
         if fields is not None and isinstance(old[0], torch.dtype):
             return [
-                f"input {i}: {name} changed from {_show(a)} to {_show(b)}"
+                reason
                 for name, a, b in zip(fields, old, new, strict=True)
                 if a != b
+                for reason in _field_change(f"input {i}", name, a, b)
             ]
     if _is_tensor_part(old) != _is_tensor_part(new):
         kind = {True: "a tensor", False: "not a tensor"}
@@ -99,6 +117,59 @@ def _input(i: int, old: Any, new: Any) -> list[str]:
             "the graph as a constant)"
         ]
     return [f"input {i}: changed from {_show(old)} to {_show(new)}"]
+
+
+def _field_change(where: str, name: str, old: Any, new: Any) -> list[str]:
+    if name != "tensor type":
+        return [f"{where}: {name} changed from {_show(old)} to {_show(new)}"]
+    return _kind_change(where, old, new)
+
+
+def _kind_change(where: str, old: Any, new: Any) -> list[str]:
+    """A tensor's type or subclass key changed (See Note [Subclass inputs in the compile
+    key] in aotkit_capture): the type, the flatten context, or an inner attribute."""
+    old_cls = old.cls if isinstance(old, SubclassKey) else old[1]
+    new_cls = new.cls if isinstance(new, SubclassKey) else new[1]
+    if old_cls is not new_cls or not isinstance(old, SubclassKey):
+        return [f"{where}: type changed from {_show(old_cls)} to {_show(new_cls)}"]
+    assert isinstance(new, SubclassKey)
+    name = old_cls.__name__
+    reasons = []
+    if old.context != new.context:
+        reasons.append(
+            f"{where}: the __tensor_flatten__ context of {name} changed from {old.shown} to "
+            f"{new.shown} (it was baked into the graph)"
+        )
+    old_inner, new_inner = dict(old.inner), dict(new.inner)
+    if list(old_inner) != list(new_inner):
+        reasons.append(f"{where}: the inner attributes of {name} changed from "
+                       f"{list(old_inner)} to {list(new_inner)}")
+        return reasons
+    for attr, a in old_inner.items():
+        b = new_inner[attr]
+        if a == b:
+            continue
+        inner = f"{where}.{attr}"
+        a, b = _with_type(a, b, _INNER_FIELDS)
+        if isinstance(a, tuple) and isinstance(b, tuple) and a and a[0] == "value":
+            reasons.append(f"{inner}: value changed from {a[1]} to {b[1]}")
+            continue
+        fields = _INNER_FIELDS.get(len(a)) if isinstance(a, tuple) else None
+        if fields is None or not isinstance(b, tuple) or len(b) != len(a):
+            reasons.append(f"{inner}: changed from {_show(a)} to {_show(b)}")
+            continue
+        for field, x, y in zip(fields, a, b, strict=True):
+            if x != y:
+                reasons.extend(_field_change(inner, field, x, y))
+    return reasons or [f"{where}: the {name} changed"]
+
+
+# an inner tensor's part (``tensor_part`` in aotkit_capture), by its length
+_INNER_FIELDS: dict[int, tuple[str, ...]] = {
+    7: ("dtype", "device", "layout", "requires_grad", "sizes", "strides", "storage_offset"),
+    5: ("dtype", "device", "layout", "requires_grad", "ndim"),
+}
+_INNER_FIELDS.update({n + 1: (*f, "tensor type") for n, f in list(_INNER_FIELDS.items())})
 
 
 def _is_tensor_part(part: Any) -> bool:

@@ -17,6 +17,8 @@ from ._hops import UnsupportedHigherOrderOperatorError as UnsupportedHigherOrder
 from ._hops import check_no_effects_in_subgraphs as check_no_effects_in_subgraphs
 from ._hops import effects_in_subgraph_error as effects_in_subgraph_error
 from ._hops import retry_with_shape_env as retry_with_shape_env
+from ._rng_replay import GeneratorStateError as GeneratorStateError
+from ._rng_states import generator_state_kept as generator_state_kept
 from ._subclass import SubclassLayer as SubclassLayer
 from ._subclass import check_layer_applies as check_layer_applies
 from ._subclass import needs_subclass_layer as needs_subclass_layer
@@ -54,6 +56,8 @@ from .inputs._input_rebinds import InputRequiresGradChanged as InputRequiresGrad
 from .inputs._input_rebinds import checking_input_rebinds as checking_input_rebinds
 
 __all__ = [
+    "GeneratorStateError",
+    "generator_state_kept",
     "check_no_effects_in_subgraphs",
     "effects_in_subgraph_error",
     "COMPILATIONS_IN_PROGRESS",

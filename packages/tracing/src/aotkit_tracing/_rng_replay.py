@@ -45,14 +45,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import operator
+import itertools
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import functionalize_rng_enabled
-from torch._prims.rng_prims import run_and_save_rng_state, run_with_rng_state
 from torch.fx.experimental.proxy_tensor import get_proxy_mode
 from torch.utils._python_dispatch import (
     TorchDispatchMode,
@@ -64,14 +64,16 @@ from torch.utils._python_dispatch import (
 from aotkit_tracing.core._device_queries import OWN_MODES, fake_device, is_device_query
 
 __all__ = [
+    "RngEvent",
+    "RngTimeline",
     "draws_randomness",
     "keyed_rng",
-    "replay_rng_inplace",
+    "rng_forward_end",
     "trace_layer",
     "unkeyed_if_nothing_drew",
 ]
 
-_KEY = "aotkit_rng_key"
+KEY = "aotkit_rng_key"
 
 CHECKPOINT_RNG_OFF_MESSAGE = (
     "aotkit: a region recomputed in the backward (torch.utils.checkpoint) draws random "
@@ -95,6 +97,174 @@ def _on_cpu(out: Any) -> bool:
     return any(isinstance(v, torch.Tensor) and v.device.type == "cpu" for v in values)
 
 
+def state_hash(state: torch.Tensor) -> bytes:
+    """The identity of a generator state (See Note [RNG replay keys])."""
+    return hashlib.sha256(bytes(state.tolist())).digest()
+
+
+def _post_seed(key: bytes, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> int:
+    """The seed of the state a draw leaves behind in the trace: a function of the state it
+    drew from and of what it drew (op, sizes, dtypes, scalars), as eager's next state is.
+    See Note [Generator states the function sets] in _rng_states."""
+    def describe(a: Any) -> str:
+        if isinstance(a, torch.Tensor):
+            return f"T{tuple(a.shape)}{a.dtype}{a.device}"
+        return repr(a)
+
+    text = "|".join([str(func), *map(describe, args), *(f"{k}={describe(v)}" for k, v in kwargs.items())])
+    digest = hashlib.sha256(key + text.encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@dataclass
+class RngEvent:
+    """One thing a keyed trace saw of the default CPU generator, in trace order: a draw
+    (``kind == "draw"``), or its state at the forward's end or at the trace's end. See
+    Note [Generator states the function sets] in _rng_states."""
+
+    kind: str  # "draw", "forward_end" or "end"
+    key: bytes  # the hash of the state a draw started from, or of the state at a mark
+    state: torch.Tensor  # that state (it becomes a constant when no earlier state is it)
+    # a draw: the hash of the state it left; the forward's end: of the backward's start
+    post: bytes = b""
+    nodes: list[torch.fx.Node] = field(default_factory=list)  # a draw's random nodes
+    last: torch.fx.Node | None = None  # a mark: the newest node of the graph then
+
+
+# Note [States of other generators]
+# A ``torch.Generator`` passed to the function (or held by it) is drawn from by the graph
+# on every call, continuing its stream as eager does. If the function sets that
+# generator's state (``g.manual_seed(0)``, ``g.set_state(s)``), eager restarts the stream
+# and the graph would not: a silently wrong value from the second call on. The keyed
+# trace follows each such generator as it follows the default one (Note [RNG replay
+# keys]): generators among the traced function's arguments start from a fresh state,
+# every draw must start from the state the previous draw from it left, and the trace
+# must end there; otherwise the trace raises ``GeneratorStateError`` naming the fix (only
+# the default generator's states are replayed: See Note [Generator states the function
+# sets] in _rng_states). Every generator is put back to its state before the trace.
+
+GENERATOR_STATE_MESSAGE = (
+    "aotkit: the traced function sets the state of a torch.Generator it draws from "
+    "(generator.manual_seed, generator.set_state, or a fork of it){where}. The compiled "
+    "graph draws from the generator on every call and would continue its stream where eager "
+    "starts it again. Seed or set the generator outside the compiled function, or draw "
+    "from the default generator, whose states (torch.manual_seed, torch.set_rng_state, "
+    "torch.random.fork_rng) aotkit replays. See Note [States of other generators] in "
+    "aotkit_capture."
+)
+
+
+class GeneratorStateError(RuntimeError):
+    """A traced function sets the state of a non-default generator it draws from."""
+
+
+class _OtherGenerators:
+    """The non-default generators a keyed trace draws from. See Note [States of other
+    generators]."""
+
+    def __init__(self) -> None:
+        # [generator, its state before the trace, the hash of its live state, the hashes
+        # of the states it drew from], arguments first. A draw names its generator through another Python object than the
+        # argument (it went through the dispatcher), so generators are told apart by
+        # their live state, fresh and so unique.
+        self.seen: list[list[Any]] = []
+
+    def start(self, args: Sequence[Any]) -> None:
+        import torch.utils._pytree as pytree
+
+        for a in pytree.tree_leaves(list(args)):
+            if isinstance(a, torch.Generator) and a is not torch.default_generator:
+                saved = a.get_state()
+                a.manual_seed(_fresh_seed())
+                self.seen.append([a, saved, state_hash(a.get_state()), set()])
+
+    def draw(self, gen: torch.Generator, func: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        with _disable_current_modes():
+            key = state_hash(gen.get_state())
+            entry = next((e for e in self.seen if e[2] == key), None)
+            if entry is None:
+                if any(key in e[3] for e in self.seen):  # set back to an earlier state
+                    raise GeneratorStateError(GENERATOR_STATE_MESSAGE.format(where=f" before {func}"))
+                # first seen here (a global), or seeded by the function (the end sees it)
+                entry = [gen, gen.get_state(), key, set()]
+                self.seen.append(entry)
+        out = func(*args, **kwargs)
+        with _disable_current_modes():
+            gen.manual_seed(_post_seed(key, func, args, kwargs))
+            entry[3].add(key)
+            entry[2] = state_hash(gen.get_state())
+        return out
+
+    def check_end(self) -> None:
+        """Raise when a generator is not where its last draw left it (or, for an
+        argument never drawn from here, where the trace started it)."""
+        with _disable_current_modes():
+            for gen, _, live, _ in self.seen:
+                if state_hash(gen.get_state()) != live:
+                    raise GeneratorStateError(GENERATOR_STATE_MESSAGE.format(where=""))
+
+    def restore(self) -> None:
+        with _disable_current_modes():
+            for gen, saved, _, _ in reversed(self.seen):  # the arguments' own states last
+                gen.set_state(saved)
+
+
+@dataclass
+class RngTimeline:
+    """What a keyed trace saw of the generator: the hash of its (fresh) state at the
+    start, then every event. Filled by ``keyed_rng``."""
+
+    start: bytes = b""
+    events: list[RngEvent] = field(default_factory=list)
+    others: _OtherGenerators = field(default_factory=_OtherGenerators)
+
+
+_FRESH = itertools.count()
+_TIMELINES = threading.local()  # the keyed traces running on this thread, innermost last
+
+
+def _fresh_seed() -> int:
+    digest = hashlib.sha256(b"aotkit fresh generator state %d" % next(_FRESH)).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def fresh_state() -> bytes:
+    """Seed the generator with a state no user code makes, and return its hash: the
+    symbol for "the generator as the caller left it" (See Note [Generator states the
+    function sets] in _rng_states)."""
+    with _disable_current_modes():
+        torch.default_generator.manual_seed(_fresh_seed())
+        return state_hash(torch.default_generator.get_state())
+
+
+def _newest_node() -> torch.fx.Node | None:
+    mode = get_proxy_mode()
+    if mode is None:
+        return None
+    nodes = mode.tracer.graph.nodes
+    return next(iter(reversed(nodes)), None) if len(nodes) else None
+
+
+def _mark(timeline: RngTimeline, kind: str) -> RngEvent:
+    with _disable_current_modes():
+        state = torch.default_generator.get_state()
+    event = RngEvent(kind, state_hash(state), state, last=_newest_node())
+    timeline.events.append(event)
+    return event
+
+
+def rng_forward_end() -> None:
+    """Inside a joint trace made by ``keyed_rng`` with a timeline: record the generator's
+    state where the forward ends, then start the backward from a fresh state (the caller
+    may draw between forward and backward). See Note [Generator states the function
+    sets] in _rng_states."""
+    stack = getattr(_TIMELINES, "stack", None)
+    if not stack or stack[-1] is None:
+        return
+    event = _mark(stack[-1], "forward_end")
+    event.post = fresh_state()
+
+
 # One layer of the single pass sitting in the keying mode's frame: See Note [One dispatch
 # frame for aotkit's trace layers]. Called with the op, its arguments and ``run``, which
 # runs the op (keyed); returns the op's result.
@@ -116,6 +286,7 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         self.draws = 0  # random ops seen (See Note [An unkeyed backward])
         self.keying = keying
         self.layer: TraceLayer | None = None
+        self.timeline: RngTimeline | None = None
 
     @classmethod
     def ignore_compile_internals(cls) -> bool:
@@ -141,19 +312,31 @@ class _RngKeys(TorchDispatchMode):  # type: ignore[no-untyped-call,misc]
         if not self.keying or not _draws(func):
             return func(*args, **kwargs)
         self.draws += 1
+        generator = kwargs.get("generator")
+        if self.timeline is not None and isinstance(generator, torch.Generator):
+            # See Note [States of other generators]
+            return self.timeline.others.draw(generator, func, args, kwargs)
         mode = get_proxy_mode()
         graph = mode.tracer.graph if mode is not None else None
         before = set(graph.nodes) if graph is not None else set()
         with _disable_current_modes():
-            key = hashlib.sha256(bytes(torch.default_generator.get_state().tolist())).digest()
+            state = torch.default_generator.get_state()
+        key = state_hash(state)
         out = func(*args, **kwargs)
         if graph is None or not _on_cpu(out):
             return out
-        for node in graph.nodes:
-            if node not in before and node.op == "call_function" and _draws(node.target):
-                node.meta[_KEY] = key
+        nodes = [
+            node
+            for node in graph.nodes
+            if node not in before and node.op == "call_function" and _draws(node.target)
+        ]
+        for node in nodes:
+            node.meta[KEY] = key
         with _disable_current_modes():
-            torch.default_generator.manual_seed(int.from_bytes(key[:8], "little") >> 1)
+            torch.default_generator.manual_seed(_post_seed(key, func, args, kwargs))
+            post = state_hash(torch.default_generator.get_state())
+        if self.timeline is not None and nodes:
+            self.timeline.events.append(RngEvent("draw", key, state, post, nodes))
         return out
 
 
@@ -231,93 +414,40 @@ def draws_randomness(graph: torch.fx.Graph) -> bool:
     return any(n.op == "call_function" and _draws(n.target) for n in graph.nodes)
 
 
-def keyed_rng(fn: Callable[..., Any]) -> Callable[..., Any]:
+def keyed_rng(fn: Callable[..., Any], timeline: RngTimeline | None = None) -> Callable[..., Any]:
     """Wrap a function traced by make_fx so its random ops carry replay keys.
 
     Also with functionalized RNG off, so that a replay it would need is refused (See Note
     [Checkpointed random ops with functionalized RNG off]). See Note [RNG replay keys].
+    With ``timeline``, the trace starts from a fresh generator state and records every
+    draw and the final state in it (See Note [Generator states the function sets] in
+    _rng_states).
     """
 
     @functools.wraps(fn)
     def traced(*args: Any) -> Any:
         with _disable_current_modes():
             saved = torch.default_generator.get_state()
+        stack = _TIMELINES.__dict__.setdefault("stack", [])
+        stack.append(timeline)
         try:
-            with _RngKeys():  # type: ignore[no-untyped-call]
-                return fn(*args)
+            if timeline is not None:
+                timeline.start = fresh_state()
+                with _disable_current_modes():
+                    timeline.others.start(args)
+            mode = _RngKeys()  # type: ignore[no-untyped-call]
+            mode.timeline = timeline
+            with mode:
+                out = fn(*args)
+            if timeline is not None:
+                _mark(timeline, "end")
+                timeline.others.check_end()
+            return out
         finally:
+            stack.pop()
             with _disable_current_modes():
                 torch.default_generator.set_state(saved)
+            if timeline is not None:
+                timeline.others.restore()
 
     return traced
-
-
-def _state_val(like: Any) -> Any:
-    with _disable_current_modes():
-        state = torch.default_generator.get_state()
-    fake_mode = getattr(like, "fake_mode", None)
-    return fake_mode.from_tensor(state) if fake_mode is not None else state
-
-
-def replay_rng_inplace(gm: torch.fx.GraphModule) -> int:
-    """Rewrite random ops that share a replay key; modifies ``gm``. Returns the number of
-    replays. See Note [RNG replay keys].
-
-    Before::
-
-        bernoulli = bernoulli.p(empty_like, 0.5)        # forward, key K
-        bernoulli_1 = bernoulli.p(empty_like_1, 0.5)    # checkpoint recompute, key K
-
-    After::
-
-        run_and_save = run_and_save_rng_state(bernoulli.p, empty_like, 0.5)
-        rng_state = run_and_save[0]; bernoulli = run_and_save[1]
-        bernoulli_1 = run_with_rng_state(rng_state, bernoulli.p, empty_like_1, 0.5)
-    """
-    groups: dict[bytes, list[torch.fx.Node]] = {}
-    for node in gm.graph.nodes:
-        key = node.meta.pop(_KEY, None)
-        if key is not None:
-            groups.setdefault(key, []).append(node)
-    if not functionalize_rng_enabled() and any(len(g) > 1 for g in groups.values()):
-        op = next(g for g in groups.values() if len(g) > 1)[0].target
-        raise RuntimeError(CHECKPOINT_RNG_OFF_MESSAGE.format(op=op))
-    graph = gm.graph
-    replays = 0
-    for first, *rest in groups.values():
-        if not rest:
-            continue
-        target = cast(torch.fx.node.Argument, first.target)
-        val = first.meta.get("val")
-        like = val[0] if isinstance(val, (tuple, list)) else val
-        with graph.inserting_before(first):
-            pair = graph.create_node(
-                "call_function", run_and_save_rng_state, (target, *first.args), dict(first.kwargs)
-            )
-            state = graph.create_node(
-                "call_function", operator.getitem, (pair, 0), {}, name=f"rng_state_{first.name}"
-            )
-            value = graph.create_node("call_function", operator.getitem, (pair, 1), {})
-        state.meta = {k: v for k, v in first.meta.items() if k != "val"}
-        state.meta["val"] = _state_val(like)
-        pair.meta = {k: v for k, v in first.meta.items() if k != "val"}
-        pair.meta["val"] = (state.meta["val"], val)
-        value.meta = dict(first.meta)
-        first.replace_all_uses_with(value)
-        graph.erase_node(first)
-        for node in rest:
-            with graph.inserting_before(node):
-                replay = graph.create_node(
-                    "call_function",
-                    run_with_rng_state,
-                    (state, cast(torch.fx.node.Argument, node.target), *node.args),
-                    dict(node.kwargs),
-                )
-            replay.meta = dict(node.meta)
-            node.replace_all_uses_with(replay)
-            graph.erase_node(node)
-            replays += 1
-    if replays:
-        graph.lint()
-        gm.recompile()
-    return replays

@@ -10,7 +10,11 @@
 #     custom autograd.Functions by the code of forward, backward, setup_context, vjp
 #     and jvp, so they are cacheable rather than refused); under torch.compile, dynamo's
 #     GraphModule code and its submodules';
-#   * every input's metadata: type, dtype, device, layout, sizes, strides, storage offset
+#   * every input's metadata: type, dtype, device, layout, sizes, strides, storage offset;
+#     for a tensor subclass its class by code, its ``__tensor_flatten__`` context by value
+#     and its inner values recursively (See Note [Subclass inputs in the compile key]; a
+#     context that is not plain data is Uncacheable, and entries with subclass inputs are
+#     not stored yet: See Note [On-disk compile cache])
 #     (with symbolic sizes, what the entry's shape facts do not check: See Note [Dynamic
 #     shapes in the on-disk cache]),
 #     requires_grad, the aliasing pattern (which inputs share storage), and the values of
@@ -56,6 +60,7 @@ from aotkit_capture import ambient_key, saved_tensors_hooks_key
 from aotkit_functional import leaf_policy
 from aotkit_schemas import AOTConfig, Uncacheable, compiler_cache_key
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from ._fingerprint import PLAIN_TYPES, Fingerprint, global_hooks_key
 
@@ -163,29 +168,60 @@ def _input_key(flat_args: Sequence[Any], cfg: AOTConfig, kind: str | None) -> li
     canon = Canonical()
     storages: dict[int, int] = {}
     out: list[Any] = []
+
+    def tensor(a: torch.Tensor, i: int, where: str) -> tuple[Any, ...]:
+        if type(a) not in (torch.Tensor, torch.nn.Parameter) and not _is_fake(a):
+            if is_traceable_wrapper_subclass(a):
+                return subclass(a, i, where)
+            raise Uncacheable(f"{where} is a {type(a).__name__}")
+        if a.is_sparse or a.is_mkldnn or a.is_nested:
+            raise Uncacheable(f"{where} has layout {a.layout}")
+        dims, nbytes = sizes(a, i, where)
+        storage = storages.setdefault(a.untyped_storage()._cdata, i)
+        return (
+            "T", type(a) is torch.nn.Parameter, str(a.dtype), str(a.device), str(a.layout),
+            tuple(dims), a.requires_grad, a.is_leaf, storage, nbytes, a._is_view(),
+        )
+
+    def sizes(a: torch.Tensor, i: int, where: str) -> tuple[tuple[Any, ...], Any]:
+        dims: tuple[Any, ...] = (*a.shape, *a.stride(), a.storage_offset())
+        if kind == "caller" and not _is_fake(a):
+            dims = _dynamo_dims(a) or dims
+        if not all(type(d) is int for d in dims):
+            if not symbolic:
+                raise Uncacheable(f"{where} has symbolic sizes")
+            return tuple(canon.dim(d) for d in dims), None
+        if kind == "fresh" and i >= cfg.num_params_buffers:
+            return ("dynamic", a.dim()), None
+        return dims, a.untyped_storage().nbytes()
+
+    def subclass(a: torch.Tensor, i: int, where: str) -> tuple[Any, ...]:
+        # See Note [Subclass inputs in the compile key]: the type by its code, the
+        # flatten context by value (plain data only), the inner values recursively
+        attrs, ctx = a.__tensor_flatten__()  # type: ignore[attr-defined]
+        described = Fingerprint()
+        described.cls(type(a), 0)
+        try:
+            described.value(ctx)
+        except Uncacheable as e:
+            raise Uncacheable(f"{where}'s {type(a).__name__} context: {e}") from e
+        inner: list[Any] = []
+        for name in attrs:
+            attr = getattr(a, name)
+            if isinstance(attr, torch.Tensor):
+                inner.append((name, tensor(attr, i, f"{where}.{name}")))
+            else:
+                described.put("inner value", name)
+                described.value(attr)
+        dims, _ = sizes(a, i, where)
+        return (
+            "S", described.hexdigest(), str(a.dtype), str(a.device), tuple(dims),
+            a.requires_grad, a.is_leaf, inner,
+        )
+
     for i, a in enumerate(flat_args):
         if isinstance(a, torch.Tensor):
-            if type(a) not in (torch.Tensor, torch.nn.Parameter) and not _is_fake(a):
-                raise Uncacheable(f"input {i} is a {type(a).__name__}")
-            if a.is_sparse or a.is_mkldnn or a.is_nested:
-                raise Uncacheable(f"input {i} has layout {a.layout}")
-            dims: tuple[Any, ...] = (*a.shape, *a.stride(), a.storage_offset())
-            if kind == "caller" and not _is_fake(a):
-                dims = _dynamo_dims(a) or dims
-            nbytes: Any = None
-            if not all(type(d) is int for d in dims):
-                if not symbolic:
-                    raise Uncacheable(f"input {i} has symbolic sizes")
-                dims = tuple(canon.dim(d) for d in dims)
-            elif kind == "fresh" and i >= cfg.num_params_buffers:
-                dims = ("dynamic", a.dim())
-            else:
-                nbytes = a.untyped_storage().nbytes()
-            storage = storages.setdefault(a.untyped_storage()._cdata, i)
-            out.append((
-                "T", type(a) is torch.nn.Parameter, str(a.dtype), str(a.device), str(a.layout),
-                tuple(dims), a.requires_grad, a.is_leaf, storage, nbytes, a._is_view(),
-            ))
+            out.append(tensor(a, i, f"input {i}"))
         elif isinstance(a, torch.SymInt) and symbolic:
             out.append(("SymInt", canon.dim(a)))
         elif type(a) is int and kind == "fresh":

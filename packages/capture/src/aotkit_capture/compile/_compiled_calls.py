@@ -37,6 +37,7 @@ from aotkit_tracing import (
 from torch._guards import TracingContext, tracing
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ._compile_lock import COMPILE_LOCK
 from ._context import track_graph_compiling
 from ._donated_buffers import donated_inputs_offered, keep_donation_mark
 from ._examples import (
@@ -160,8 +161,17 @@ def _backward_compiler(
     # the compile's TracingContext (dynamo's), entered again for the backward: Inductor's
     # FX graph cache reads the ShapeEnv from it and bypasses the cache without one
     saved = TracingContext.try_get()
+    done: list[Callable[..., Any]] = []
 
     def compile_backward() -> Callable[..., Any]:
+        # See Note [Concurrent first calls]: threads making the first backward call of
+        # one entry at once compile it once
+        with COMPILE_LOCK:
+            if not done:
+                done.append(compile_now())
+            return done[0]
+
+    def compile_now() -> Callable[..., Any]:
         # Like torch, the backward is compiled at the first backward call, under the
         # forward's fake mode (and the forward's TracingContext); the autograd.Function
         # caches the result.

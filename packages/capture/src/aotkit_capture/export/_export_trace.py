@@ -36,6 +36,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from aotkit_capture._saved_tensor_hooks import hooks_hidden_while_tracing
 from aotkit_capture.compile._compile import _as_inference, _metadata, _output_needs_grad
+from aotkit_capture.compile._compile_lock import COMPILE_LOCK
 from aotkit_capture.compile._compiled_calls import _tracing_context
 from aotkit_capture.inputs._fakify import construct_fake_mode
 from aotkit_capture.inputs._generators import check_no_created_generators, recording_generators
@@ -115,7 +116,8 @@ def trace_for_export(
     # See Note [Generators created while tracing] and Note [Contexts that span the
     # backward trace]
     # See Note [Input wrappers that are autograd leaves] in aotkit_functional
-    with recording_generators() as created, new_compilation(), leaf_inputs("none"):
+    # See Note [Concurrent first calls]
+    with COMPILE_LOCK, recording_generators() as created, new_compilation(), leaf_inputs("none"):
         traced = _trace_for_export(
             checking_input_rebinds(flat_fn), flat_args, cfg, validate, pre_dispatch, repeated
         )  # See Note [Input changes no graph records]
@@ -212,7 +214,7 @@ def retrace_flat(
     graph with make_fx's defaults and keeps such values; so does the joint re-trace here.
     """
     table: dict[Any, Callable[..., Any]] | None = {} if inference else None
-    with explain_tracing_errors(), _tracing_context(traced.fake_mode, traced.symbolic):
+    with COMPILE_LOCK, explain_tracing_errors(), _tracing_context(traced.fake_mode, traced.symbolic):
         gm: torch.fx.GraphModule = make_fx(fn, decomposition_table=table)(*traced.fake_args)
     if inference:
         gm.graph.eliminate_dead_code()

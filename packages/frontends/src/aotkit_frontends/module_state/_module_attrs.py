@@ -201,9 +201,10 @@ class ModuleAttrs:
             self._index.setdefault(id(sub), {})
         self._rescan()
         self.watched_names: list[str] = []  # the key's attributes, named for the log
-        self._last_raw: list[Any] = []
-        self._mutable: list[int] = []  # positions in ``_last_raw`` holding a list or dict
-        self._last_key: KeyPart = ((), ())
+        # the previous call's raw values, the positions among them holding a list or dict,
+        # and their key: one tuple, replaced whole (a call on another thread never reads
+        # one call's values with another's key)
+        self._last: tuple[list[Any], list[int], KeyPart] = ([], [], ((), ()))
         self._watched: list[int] = []
         self._watched_slots: list[tuple[dict[str, Any], str]] = []
         self._watch(self._always)
@@ -248,7 +249,7 @@ class ModuleAttrs:
         self._watched = sorted({*self._watched, *new})
         self._watched_slots = [self._slots[i] for i in self._watched]
         self.watched_names[:] = [self.names[i] for i in self._watched]
-        self._last_raw = []
+        self._last = ([], [], ((), ()))
         return True
 
     def values(self) -> KeyPart:
@@ -256,16 +257,16 @@ class ModuleAttrs:
         order (types too, so ``2`` and ``2.0`` or ``1`` and ``True`` differ)."""
         raw = [d.get(k, _MISSING) for d, k in self._watched_slots]
         # the common case: every attribute holds the very objects of the previous call
-        if len(raw) == len(self._last_raw) and all(map(operator.is_, raw, self._last_raw)):
+        last_raw, mutable, last_key = self._last
+        if len(raw) == len(last_raw) and all(map(operator.is_, raw, last_raw)):
             # a list or dict can change in place: its contents are compared (See Note
             # [Module attributes added or mutated later])
-            vals = self._last_key[0]
-            if all(_key_value(raw[i]) == vals[i] for i in self._mutable):
-                return self._last_key
-        self._last_raw = raw
-        self._mutable = [i for i, v in enumerate(raw) if type(v) in _CONTAINERS]
-        self._last_key = (tuple(map(_key_value, raw)), tuple(map(type, raw)))
-        return self._last_key
+            vals = last_key[0]
+            if all(_key_value(raw[i]) == vals[i] for i in mutable):
+                return last_key
+        key = (tuple(map(_key_value, raw)), tuple(map(type, raw)))
+        self._last = (raw, [i for i, v in enumerate(raw) if type(v) in _CONTAINERS], key)
+        return key
 
     def begin_compile(self) -> None:
         """Start recording reads and take the snapshot of every slot (after making slots of

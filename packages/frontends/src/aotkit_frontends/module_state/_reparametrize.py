@@ -21,16 +21,58 @@
 # attribute, so the trace raises, naming the slot and the fix, before any input is
 # touched. In-place updates (``copy_``, slice assignment, ``add_``) keep the slot's tensor
 # and are captured as input mutations.
+#
+# Note [Module state read while another thread traces]
+# A trace swaps traced tensors into the user's module (its parameters and buffers here,
+# tensor attributes in ``swapped_tensor_attributes``) until its backward is traced.
+# Another thread calling the compiled module meanwhile would read those fakes as its
+# inputs ("Attempting to use FunctionalTensor on its own"). Every swap is counted
+# (``swapping_module_state``): a call reads the module's tensors, then checks that no swap
+# was in progress or began while it read; otherwise it reads them again holding the
+# compile lock, i.e. after the tracing thread's compile (See Note [Concurrent first
+# calls] in aotkit_capture). A call without a swap anywhere pays two list reads.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, TypeVar
 
 import torch.nn as nn
+from aotkit_capture import COMPILE_LOCK
 from torch.nn.utils import stateless
+
+T = TypeVar("T")
+# [swaps in progress, swaps begun so far]: See Note [Module state read while another
+# thread traces]
+_SWAPS = [0, 0]
+
+
+@contextlib.contextmanager
+def swapping_module_state() -> Iterator[None]:
+    """Mark the body as a swap of traced tensors into a module. See Note [Module state
+    read while another thread traces]."""
+    with COMPILE_LOCK:
+        _SWAPS[0] += 1
+        _SWAPS[1] += 1
+    try:
+        yield
+    finally:
+        with COMPILE_LOCK:
+            _SWAPS[0] -= 1
+
+
+def read_module_state(read: Callable[[], T]) -> T:
+    """``read()``, made again after any compile in progress when a module swap was in
+    progress or began while it ran. See Note [Module state read while another thread
+    traces]."""
+    begun = _SWAPS[1]
+    value = read()
+    if not _SWAPS[0] and _SWAPS[1] == begun:
+        return value
+    with COMPILE_LOCK:
+        return read()
 
 REASSIGNED_MESSAGE = (
     "{who}: forward assigned a new value to the registered {kind} {names} "
@@ -84,7 +126,7 @@ def shared_slot_names(mod: nn.Module, names: Sequence[str]) -> list[list[str]]:
 def reparametrized(mod: nn.Module, tensors: dict[str, Any], *, who: str) -> Iterator[None]:
     """Swap ``tensors`` (one name per slot) into ``mod`` for the body; raise if the body
     rebinds one of them. See Note [Parameters and buffers reassigned in forward]."""
-    with stateless._reparametrize_module(mod, tensors):
+    with swapping_module_state(), stateless._reparametrize_module(mod, tensors):
         yield
         rebound = []
         for name, value in tensors.items():

@@ -50,6 +50,7 @@ import torch
 import torch.nn as nn
 
 from ._module_attrs import ModuleAttrs
+from ._reparametrize import swapping_module_state
 
 TENSOR_ATTRIBUTES = "__aotkit_tensor_attributes__"
 RETRY_LIMIT = 8
@@ -84,14 +85,15 @@ def swapped_tensor_attributes(
                 if stand_in is None:
                     stand_in = stand_ins[id(value)] = _meta_like(value)
                 swapped.append((table, attr, value, stand_in))
-    for table, attr, _, new in swapped:
-        table[attr] = new
-    try:
-        yield
-    finally:
-        for table, attr, original, value in swapped:
-            if table.get(attr) is value:
-                table[attr] = original
+    with swapping_module_state():  # See Note [Module state read while another thread traces]
+        for table, attr, _, new in swapped:
+            table[attr] = new
+        try:
+            yield
+        finally:
+            for table, attr, original, value in swapped:
+                if table.get(attr) is value:
+                    table[attr] = original
 
 
 def _meta_like(t: torch.Tensor) -> torch.Tensor:

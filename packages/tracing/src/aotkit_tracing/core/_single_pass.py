@@ -80,12 +80,13 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 from aotkit_tracing._hops import hop_in_traceback
 from aotkit_tracing._rng_replay import (
+    RngTimeline,
     draws_randomness,
     keyed_rng,
-    replay_rng_inplace,
     trace_layer,
     unkeyed_if_nothing_drew,
 )
+from aotkit_tracing._rng_states import NeedsStateOps, rewrite_rng_states
 from aotkit_tracing.autocast._autocast_cache import (
     caller_cache_flag,
     cast_cache_leaf,
@@ -439,7 +440,8 @@ def trace_single_pass(
             joint_kernel_choices(),  # See Note [Kernels that read grad mode]
             direct_decompositions(fake_mode_of(primals)),  # See Note [Decompositions run directly on meta]
         ):
-            gm = make_fx(keyed_rng(joint), decomposition_table=decompositions)(primals)
+            timeline = RngTimeline()
+            gm = make_fx(keyed_rng(joint, timeline), decomposition_table=decompositions)(primals)
     finally:
         # a function that switched grad mode off and was abandoned must not leave it off
         torch.set_grad_enabled(True)
@@ -454,7 +456,10 @@ def trace_single_pass(
         # the forward drew nothing, so every random op is the backward's: See Note [An
         # unkeyed backward]
         raise NotSinglePass("a random op in the backward of a forward that draws none")
-    replay_rng_inplace(gm)  # See Note [RNG replay keys]
+    try:  # See Note [RNG replay keys] and Note [Generator states the function sets]
+        rewrite_rng_states(gm, timeline, state_ops=False)
+    except NeedsStateOps as e:
+        raise NotSinglePass(str(e)) from e
     tangents: list[torch.Tensor] = found["tangents"]
     # See Note [Forward and backward tags]
     end = forward_end(gm.graph, found["forward_made"])

@@ -42,7 +42,8 @@ from aotkit_tracing._effects import (
     num_tokens,
     token_inputs,
 )
-from aotkit_tracing._rng_replay import keyed_rng, replay_rng_inplace
+from aotkit_tracing._rng_replay import RngTimeline, keyed_rng, rng_forward_end
+from aotkit_tracing._rng_states import rewrite_rng_states, trace_inference_rng
 from aotkit_tracing._subclass import SubclassLayer
 from aotkit_tracing.autocast._autocast_cache import (
     caller_cache_flag,
@@ -124,14 +125,15 @@ def trace_inference(
     # Traced under the caller's grad mode: a function that calls torch.autograd.grad
     # itself needs it, and nothing here differentiates the result.
     if subclasses is not None:
-        desugared, flat_args = subclasses.desugar_forward(
+        traced, flat_args = subclasses.desugar_forward(
             inference, [*token_inputs(meta), *fake_args]
         )
-        gm = make_fx(desugared, decomposition_table=decompositions)(*flat_args)
     else:
-        gm = make_fx(inference, decomposition_table=decompositions)(
-            *token_inputs(meta), *fake_args
-        )
+        traced, flat_args = inference, [*token_inputs(meta), *fake_args]
+    # See Note [Generator states the function sets]
+    gm = trace_inference_rng(
+        lambda fn: make_fx(fn, decomposition_table=decompositions)(*flat_args), traced
+    )
     if n_tokens:
         drop_unused_effect_results(gm)
     # Views that functionalization made and nothing reads (a synthetic-base member's view
@@ -332,6 +334,7 @@ def _trace_joint(
                 # See Note [Input mutations kept in the training graph]
                 kept_updates = [unwrap(f_primals[i]) for i in in_graph]
                 forward_marks.append(nodes_made_so_far())
+                rng_forward_end()  # See Note [Generator states the function sets]
                 # See Note [Data mutations in the backward]
                 counts_after_forward = mutation_counts(f_primals)
                 outs_and_tangents = [
@@ -395,8 +398,12 @@ def _trace_joint(
         joint_kernel_choices(),  # See Note [Kernels that read grad mode]
         direct_decompositions(fake_mode_of(primals)),  # See Note [Decompositions run directly on meta]
     ):
-        gm = make_fx(keyed_rng(to_trace), decomposition_table=decompositions)(primals, tangents)
-    replay_rng_inplace(gm)  # See Note [RNG replay keys]
+        timeline = RngTimeline()
+        gm = make_fx(keyed_rng(to_trace, timeline), decomposition_table=decompositions)(
+            primals, tangents
+        )
+    # See Note [RNG replay keys] and Note [Generator states the function sets]
+    rewrite_rng_states(gm, timeline, forward_made=forward_marks[0])
     end = forward_end(gm.graph, forward_marks[0])  # See Note [Forward and backward tags]
     if in_graph:
         # a subclass input is written through each of its inner tensors

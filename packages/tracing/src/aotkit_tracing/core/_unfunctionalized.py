@@ -24,6 +24,8 @@
 #     metadata pass found on this path. fx and the partitioners count an effectful op as
 #     impure, so it stays where it ran even though nothing reads its result, and the
 #     error it raises at run time (a singular matrix) is raised as in eager.
+#   * random ops are keyed and generator states replayed as on the functionalized path
+#     (Note [RNG replay keys], Note [Generator states the function sets]).
 # Not supported, with an error naming the cause: tensor-subclass inputs, whose desugaring
 # relies on functionalization (torch drops them on this path).
 """
@@ -41,6 +43,8 @@ from torch.fx._lazy_graph_module import _use_lazy_graph_module
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from aotkit_tracing._errors import AOTCompileError
+from aotkit_tracing._rng_replay import RngTimeline, keyed_rng, rng_forward_end
+from aotkit_tracing._rng_states import rewrite_rng_states, trace_inference_rng
 
 from ._backward_mutations import BACKWARD_MUTATED_INPUTS_KEY, BACKWARD_TAG
 from ._joint_parts import STALE_TANGENTS_KEY, forward_returns, primal_grads
@@ -85,6 +89,7 @@ def trace_joint_unfunctionalized(
         with backward_spanning_scope(), torch.enable_grad():
             returns, _ = forward_returns(flat_fn, list(primals), meta, for_autograd=True)
             forward_marks.append(nodes_made_so_far())
+            rng_forward_end()  # See Note [Generator states the function sets]
             outs_and_tangents = [
                 (k, returns[pos], tangents[k])
                 for k, pos in enumerate(meta.tangent_indices)
@@ -97,7 +102,12 @@ def trace_joint_unfunctionalized(
     primals = list(fake_args)
     tangents = list(meta.traced_tangents)
     with torch.autograd.set_multithreading_enabled(False), _use_lazy_graph_module(True):
-        gm = make_fx(joint, decomposition_table=decompositions)(primals, tangents)
+        timeline = RngTimeline()
+        gm = make_fx(keyed_rng(joint, timeline), decomposition_table=decompositions)(
+            primals, tangents
+        )
+    # See Note [RNG replay keys] and Note [Generator states the function sets]
+    rewrite_rng_states(gm, timeline, forward_made=forward_marks[0])
     end = forward_end(gm.graph, forward_marks[0])  # See Note [Forward and backward tags]
     _pin_backward_mutations(end)
     tag_forward_and_backward(gm.graph, end)
@@ -132,7 +142,10 @@ def trace_inference_unfunctionalized(
         returns, _ = forward_returns(flat_fn, list(args), meta, for_autograd=False)
         return tuple(returns)
 
-    gm = make_fx(inference, decomposition_table=decompositions)(*fake_args)
+    # See Note [Generator states the function sets]
+    gm = trace_inference_rng(
+        lambda fn: make_fx(fn, decomposition_table=decompositions)(*fake_args), inference
+    )
     # no dead-code elimination: torch keeps the unused getitems too
     gm.recompile()
     return gm
