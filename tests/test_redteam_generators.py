@@ -97,7 +97,7 @@ def test_a_compile_nested_in_a_traced_function_does_not_deadlock() -> None:
     # torch's test_compilation_context shape: an aot_function called inside the function
     # another aot_function traces. The generator recording is entered twice on one thread;
     # it held a non-reentrant lock for the whole compile and hung here.
-    from aotkit_capture import _generators
+    from aotkit_capture.inputs import _generators
 
     inner = aot_function(lambda x: x.sin(), nop)
     outer = aot_function(lambda x: inner(x).cos(), nop)
