@@ -6,7 +6,8 @@
 #                                    environment may set PYTHONDONTWRITEBYTECODE: without .pyc
 #                                    files every test subprocess compiled torch's sources again,
 #                                    ~4.5 s per `import torch`; a no-op when they are current)
-#   1. pytest                        every package's tests and tests/, on 2 workers (xdist);
+#   1. pytest                        every package's tests and tests/, on 2 workers (xdist,
+#                                    work stealing);
 #                                    slow tests included. Exit 5 (nothing collected) fails.
 #   2. mypy                          strict (from pyproject) over packages/, tests included,
 #                                    and the typed scripts in tools/
@@ -73,7 +74,9 @@ uv run --locked python -m compileall -q -j 0 "$site_packages" packages/*/src >/d
 
 test_paths=(packages)
 [[ -d tests ]] && test_paths+=(tests) # git keeps no empty folders: tests/ may be missing
-step "pytest" uv run --locked python -m pytest -n 2 "${test_paths[@]}" "$@"
+# worksteal: a worker that runs out of tests takes queued ones from the other, so the
+# last minutes are not one worker alone on the long fresh-process tests
+step "pytest" uv run --locked python -m pytest -n 2 --dist worksteal "${test_paths[@]}" "$@"
 step "mypy" uv run --locked mypy packages/ tools/check_isolated_installs.py
 step "import-linter" uv run --locked lint-imports
 step "isolated-installs" uv run --locked python tools/check_isolated_installs.py \
