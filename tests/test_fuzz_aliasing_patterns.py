@@ -20,7 +20,6 @@ run::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +28,10 @@ import pytest
 import torch
 import torch._dynamo
 from _aliasing import Inputs, differences, observe
+from _fuzz import fuzz_settings
 from aotkit_backends import nop
 from aotkit_frontends import aot_function, register_dynamo_backends
-from hypothesis import HealthCheck, event, given, note, seed, settings
+from hypothesis import event, given, note
 from hypothesis import strategies as st
 
 COLS = 3
@@ -194,8 +194,6 @@ def scenarios(draw: st.DrawFn) -> Scenario:
 
 # ---- the property ---------------------------------------------------------------------
 
-_EXAMPLES = int(os.environ.get("AOTKIT_FUZZ_ALIAS_EXAMPLES", "10"))
-_SEED = os.environ.get("AOTKIT_FUZZ_SEED")
 
 # A known limitation, loud and shared with torch (see
 # test_disjoint_windows_with_grad_raise_in_backward in test_aliased_input_layouts.py): a
@@ -204,17 +202,7 @@ _SEED = os.environ.get("AOTKIT_FUZZ_SEED")
 _SAVED_VERSION = "modified by an inplace operation"
 
 
-def _configure(test: Callable[..., Any]) -> Callable[..., Any]:
-    test = settings(
-        max_examples=_EXAMPLES,
-        deadline=None,
-        derandomize=_SEED is None,  # CI: the same fixed sample every run
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )(test)
-    if _SEED is not None:
-        test = seed(int(_SEED))(test)
-    return test
+_configure = fuzz_settings("AOTKIT_FUZZ_ALIAS_EXAMPLES", 10)
 
 
 @pytest.fixture(autouse=True)

@@ -16,16 +16,16 @@ CI runs a fixed sample of 300 programs (a few seconds). For a longer run::
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from _fuzz import fuzz_settings
 from _harness import Run, aotkit_meta, compare_runs, compile_problems, run_case, unsafe_view_outputs
 from aotkit_functional import has_internal_overlap, overlaps_itself
 from corpus import Case
-from hypothesis import HealthCheck, event, given, note, seed, settings
+from hypothesis import event, given, note
 from hypothesis import strategies as st
 
 # ``no_grad_view``: one of FORK_VIEWS taken under no_grad (See Note [Views of inputs made
@@ -434,21 +434,9 @@ def programs(draw: Callable[..., Any]) -> Program:
 
 # ---- the property --------------------------------------------------------------------
 
-_EXAMPLES = int(os.environ.get("AOTKIT_FUZZ_EXAMPLES", "300"))
-_SEED = os.environ.get("AOTKIT_FUZZ_SEED")
 
 
-def _configure(test: Callable[..., Any]) -> Callable[..., Any]:
-    test = settings(
-        max_examples=_EXAMPLES,
-        deadline=None,
-        derandomize=_SEED is None,  # CI: the same fixed sample every run
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )(test)
-    if _SEED is not None:
-        test = seed(int(_SEED))(test)
-    return test
+_configure = fuzz_settings("AOTKIT_FUZZ_EXAMPLES", 300)
 
 
 def check_program(program: Program, *, record: bool = False) -> list[str]:
