@@ -13,6 +13,7 @@ the native path on.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -88,9 +89,34 @@ def _ops_modulo_detach(gm: torch.fx.GraphModule) -> list[tuple[Any, ...]]:
     return ops
 
 
-def _joint_code(case: Case) -> tuple[list[tuple[Any, ...]] | None, bool]:
-    """The first training joint graph of the case's first call, and whether its metadata
-    allowed the native path (None: nothing was traced for training)."""
+@dataclasses.dataclass(frozen=True)
+class _Compiled:
+    """What the case's first call compiled for training: the first joint graph's live ops
+    (None: nothing was traced for training) and the first training entry."""
+
+    joint: list[tuple[Any, ...]] | None
+    entry: Any
+
+
+# each case compiled once per flow, shared by the tests below (they compare the same
+# compilations: default against Python mode, default against two passes)
+_COMPILED: dict[tuple[str, str], _Compiled] = {}
+
+
+def _compiled(case: Case, flow: str = "default") -> _Compiled:
+    key = (case.name, flow)
+    if key not in _COMPILED:
+        modes = {
+            "default": contextlib.nullcontext,
+            "python": _python_mode_only,
+            "two_pass": _two_pass_only,
+        }
+        with modes[flow]():
+            _COMPILED[key] = _compile_first_call(case)
+    return _COMPILED[key]
+
+
+def _compile_first_call(case: Case) -> _Compiled:
     joints: list[list[tuple[Any, ...]]] = []
 
     def recording_partition(joint: torch.fx.GraphModule, inputs: Any, **kw: Any) -> Any:
@@ -108,11 +134,18 @@ def _joint_code(case: Case) -> tuple[list[tuple[Any, ...]] | None, bool]:
         with torch.enable_grad():
             compiled(*call.args, **call.kwargs)
     except Exception:
-        return None, False
+        return _Compiled(None, None)
     trained = [a for a in _cache(compiled).artifacts if a.joint_module is not None]
-    if not joints or not trained:
+    return _Compiled(joints[0] if joints and trained else None, trained[0] if trained else None)
+
+
+def _joint_code(case: Case, flow: str = "default") -> tuple[list[tuple[Any, ...]] | None, bool]:
+    """The first training joint graph of the case's first call, and whether its metadata
+    allowed the native path (None: nothing was traced for training)."""
+    c = _compiled(case, flow)
+    if c.joint is None:
         return None, False
-    return joints[0], bool(trained[0].meta.native_functionalization_ok)
+    return c.joint, bool(c.entry.meta.native_functionalization_ok)
 
 
 def _cache(compiled: Any) -> Any:
@@ -126,8 +159,7 @@ def test_native_joint_graphs_match_the_python_mode() -> None:
         code, native = _joint_code(case)
         if code is None or not native:
             continue
-        with _python_mode_only():
-            reference, _ = _joint_code(case)
+        reference, _ = _joint_code(case, "python")
         assert code == reference, f"{case.name}: native and Python-mode joint graphs differ"
         compared += 1
     assert compared >= 25, compared
@@ -160,8 +192,7 @@ def test_native_forward_and_backward_graphs_read_as_the_python_modes() -> None:
         art = _first_training_entry(case)
         if art is None or not (art.single_pass or art.meta.native_functionalization_ok):
             continue
-        with _python_mode_only():
-            reference = _first_training_entry(case)
+        reference = _first_training_entry(case, "python")
         assert reference is not None
         if case.name in _TEXT_DIFFERS:
             ours = (art.fw_module.code, art.bw_module.code)
@@ -313,21 +344,9 @@ def test_dynamic_shapes_take_the_native_path() -> None:
     assert art.meta.native_functionalization_ok
 
 
-def _first_training_entry(case: Case) -> Any:
+def _first_training_entry(case: Case, flow: str = "default") -> Any:
     """The artifacts of the case's first training compilation (None: none)."""
-    torch.manual_seed(MODEL_SEED)
-    if case.module:
-        compiled: Any = aotkit.aot_module(case.program(), aotkit.nop)
-    else:
-        compiled = aotkit.aot_function(case.program, aotkit.nop)
-    call = make_call(case, 0)
-    try:
-        with torch.enable_grad():
-            compiled(*call.args, **call.kwargs)
-    except Exception:
-        return None
-    trained = [a for a in _cache(compiled).artifacts if a.joint_module is not None]
-    return trained[0] if trained else None
+    return _compiled(case, flow).entry
 
 
 def _meta_summary(meta: Any) -> tuple[Any, ...]:
@@ -349,8 +368,7 @@ def test_single_pass_gives_the_two_pass_graphs_and_metadata() -> None:
         art = _first_training_entry(case)
         if art is None or not art.single_pass:
             continue
-        with _two_pass_only():
-            reference = _first_training_entry(case)
+        reference = _first_training_entry(case, "two_pass")
         assert reference is not None and not reference.single_pass
         assert _meta_summary(art.meta) == _meta_summary(reference.meta), case.name
         single += 1
