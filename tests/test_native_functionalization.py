@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import aotkit
@@ -106,7 +106,7 @@ _COMPILED: dict[tuple[str, str], _Compiled] = {}
 def _compiled(case: Case, flow: str = "default") -> _Compiled:
     key = (case.name, flow)
     if key not in _COMPILED:
-        modes = {
+        modes: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
             "default": contextlib.nullcontext,
             "python": _python_mode_only,
             "two_pass": _two_pass_only,
