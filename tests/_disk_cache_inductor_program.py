@@ -9,7 +9,11 @@ uuid}`` (all but "aotkit" optional; dynamic: ``torch.compile(dynamic=True)``, ba
 batch size, 5 by default; model: "convnet" for three conv/batch-norm blocks instead of
 the MLP; channels_last: the convnet and its input in channels-last memory format;
 pre_grad: a counting ``config.pre_grad_custom_pass`` with that uuid); Inductor's cache
-directory comes from TORCHINDUCTOR_CACHE_DIR. Also reports how often Inductor's pre-grad
+directory comes from TORCHINDUCTOR_CACHE_DIR, and its FX graph cache (the artifacts aotkit's
+entries name by key) from AOTKIT_TEST_FXGRAPH_DIR when that is set: the tests give each run
+its own FX graph cache but share the compiled kernels (the C++ sources and libraries, keyed
+by their source by Inductor itself), so a graph compiled again generates its code again but
+does not run the C++ compiler on a kernel an earlier process built. Also reports how often Inductor's pre-grad
 passes ran (``run_pre_grad_passes``), the custom pass was called and Inductor generated
 code (``fx_codegen_and_compile``: a graph compiled rather than loaded from its cache),
 and the module's buffers after the calls (BatchNorm's running statistics).
@@ -18,6 +22,7 @@ and the module's buffers after the calls (BatchNorm's running statistics).
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -47,6 +52,11 @@ def main(spec: dict[str, Any]) -> dict[str, Any]:
     from torch._inductor import config
 
     disk_cache_config.dir = spec["aotkit"]
+    fxgraph_dir = os.environ.get("AOTKIT_TEST_FXGRAPH_DIR")
+    if fxgraph_dir is not None:
+        codecache.FxGraphCache._get_tmp_dir = staticmethod(  # type: ignore[method-assign]
+            lambda: fxgraph_dir
+        )
     for name, value in spec.get("config", {}).items():
         setattr(config, name, value)
     for name, value in spec.get("functorch", {}).items():

@@ -6,11 +6,13 @@ aotkit_backends."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +30,18 @@ PROGRAM = str(Path(__file__).with_name("_disk_cache_inductor_program.py"))
 _OTHER_THREADS = 1 if torch.get_num_threads() != 1 else 2
 
 
+# Inductor's compiled kernels, shared by every process of this file (Inductor keys them by
+# their source and locks its writes); each run's FX graph cache, which the tests copy, empty
+# and rewrite, stays its own under root/inductor/fxgraph. See the program's docstring.
+_KERNELS = tempfile.mkdtemp(prefix="aotkit-test-inductor-kernels-")
+atexit.register(shutil.rmtree, _KERNELS, ignore_errors=True)
+
+
 def _start(
     root: Path, config: dict[str, Any] | None = None, **more: Any
 ) -> subprocess.Popen[str]:
-    env = {**os.environ, "AOTKIT_CACHE": "1", "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+    env = {**os.environ, "AOTKIT_CACHE": "1", "TORCHINDUCTOR_CACHE_DIR": _KERNELS,
+           "AOTKIT_TEST_FXGRAPH_DIR": str(root / "inductor" / "fxgraph"),
            "TORCHINDUCTOR_FX_GRAPH_CACHE": "1"}
     spec = {"aotkit": str(root / "aotkit"), "config": config or {}, **more}
     return subprocess.Popen([sys.executable, PROGRAM, json.dumps(spec)], env=env,
