@@ -192,3 +192,15 @@ def run_joint_passes(
             )
         joint = new
     return joint
+
+
+def graph_descriptors(gm: torch.fx.GraphModule) -> tuple[list[Any], list[Any]] | str:
+    """(placeholder descriptors, output descriptors) of ``gm``, or what lacks one."""
+    phs = _placeholders(gm)
+    missing = [n.name for n in phs if DESC not in n.meta]
+    node, values = _output(gm)
+    outs = node.meta.get(DESC)
+    if missing or outs is None or len(outs) != len(values):
+        what = f"placeholders {', '.join(missing)}" if missing else "the output node"
+        return what
+    return [n.meta[DESC] for n in phs], list(outs)
