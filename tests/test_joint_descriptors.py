@@ -8,14 +8,13 @@ import contextlib
 import copy
 from typing import Any
 
+import _effect_ops
 import aotkit
 import aotkit_schemas
 import pytest
 import torch
 import torch.nn as nn
 from torch._functorch import aot_autograd as torch_aot
-
-import _effect_ops
 
 
 class Mixed(nn.Module):
@@ -258,3 +257,21 @@ def test_joint_custom_pass_under_torch_compile() -> None:
         out = torch.compile(_f, backend="aotkit_eager")(x, w)
     torch.testing.assert_close(out, _f(x, w))
     assert len(seen) == 1 and seen[0][-1] == "out GradAOTOutput(grad_of=PlainAOTInput(idx=1))"
+
+
+def test_inspect_names_resnet18_buffers() -> None:
+    """See Note [Inputs named by their descriptors]: resnet18's sixty BatchNorm statistics
+    in one line, by FQN (the network built in code, no download)."""
+    import io
+
+    timm = pytest.importorskip("timm")
+    model = timm.create_model("resnet18", pretrained=False)
+    out = io.StringIO()
+    cap = aotkit.inspect(model, torch.randn(2, 3, 16, 16), partitioners=["default"], file=out)
+    text = out.getvalue()
+    assert "60 BatchNorm running stats: data mutated (bn1.running_mean, bn1.running_var, …)" in text
+    assert "input 1" not in text.split("== partitions ==")[0]
+    names = [repr(d) for d in cap.input_descs]
+    assert names[0] == "ParamAOTInput(target='conv1.weight')"
+    assert "BufferAOTInput(target='layer4.1.bn2.running_var')" in names
+    assert names[-1] == "PlainAOTInput(idx=0)"

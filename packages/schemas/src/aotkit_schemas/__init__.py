@@ -17,6 +17,8 @@ from ._compile_cache import cache_counters as cache_counters
 from ._config import AOTConfig as AOTConfig
 from ._config import JointPassError as JointPassError
 from ._config import active_joint_passes as active_joint_passes
+from ._descriptor_names import grouped_input_lines as grouped_input_lines
+from ._descriptor_names import input_name as input_name
 from ._descriptors import DESCRIPTOR_CLASSES as DESCRIPTOR_CLASSES
 from ._descriptors import AOTInput as AOTInput
 from ._descriptors import AOTOutput as AOTOutput
@@ -124,6 +126,8 @@ from ._subclass_meta import num_unwrapped as num_unwrapped
 from ._view_and_mutation_meta import ViewAndMutationMeta as ViewAndMutationMeta
 
 __all__ = [
+    "grouped_input_lines",
+    "input_name",
     "AOTInput",
     "DifferentiableAOTInput",
     "AOTOutput",
