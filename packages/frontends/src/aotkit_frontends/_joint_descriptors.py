@@ -110,7 +110,7 @@ def aot_export_joint_with_descriptors(
         out_specs[:] = [spec]
         return tuple(leaves)
 
-    options = dict(
+    options: dict[str, Any] = dict(
         decompositions=decompositions, num_params_buffers=len(names),
         keep_inference_input_mutations=keep_inference_input_mutations,
         disable_functionalization=disable_functionalization,

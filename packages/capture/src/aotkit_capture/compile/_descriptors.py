@@ -142,7 +142,7 @@ def describe_joint(
         grads.append(GradAOTOutput(d) if needs and isinstance(d, DifferentiableAOTInput) else None)
     _, values = _output(joint)
     if len(values) == len(fw_outs) + n_tok + len(grads) + n_btok:
-        grads = [None] * n_tok + grads  # the token primals' (absent) gradients
+        grads[:0] = [None] * n_tok  # the token primals' (absent) gradients
     outs = fw_outs + grads + [BackwardTokenAOTOutput(i) for i in range(n_btok)]
     return _write(joint, ins, outs, "joint")
 
