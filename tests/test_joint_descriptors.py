@@ -275,3 +275,32 @@ def test_inspect_names_resnet18_buffers() -> None:
     assert names[0] == "ParamAOTInput(target='conv1.weight')"
     assert "BufferAOTInput(target='layer4.1.bn2.running_var')" in names
     assert names[-1] == "PlainAOTInput(idx=0)"
+
+
+def test_descriptors_survive_the_disk_cache(tmp_path: Any, monkeypatch: Any) -> None:
+    """A warm hit's graphs carry the descriptors of the cold compilation's."""
+    monkeypatch.setenv("AOTKIT_CACHE", "1")
+    monkeypatch.setenv("AOTKIT_CACHE_DIR", str(tmp_path))
+    seen: dict[str, list[list[str]]] = {"fw": [], "bw": []}
+    torch.manual_seed(0)
+    mod = Mixed()
+
+    def compiler(role: str) -> Any:
+        def compile_graph(gm: torch.fx.GraphModule, _: Any) -> Any:
+            seen[role].append(_descs(gm))
+            return gm
+        aotkit_schemas.mark_cache_key(compile_graph, f"test-{role}")
+        return compile_graph
+
+    arts = []
+    for _ in range(2):
+        compiled = aotkit.aot_module(mod, fw_compiler=compiler("fw"), bw_compiler=compiler("bw"))
+        _, args = _fresh(mod)
+        compiled(*args)
+        arts.append(compiled._compiled._aotkit_cache.artifacts[0])
+    cold, art = arts
+    assert art.from_cache and not cold.from_cache
+    fw = next(n for n in art.fw_module.graph.nodes if n.op == "placeholder")
+    assert repr(fw.meta["desc"]) == "ParamAOTInput(target='lin.weight')"
+    assert seen["fw"][0] == _descs(art.fw_module)
+    assert _descs(cold.bw_module) == _descs(art.bw_module)

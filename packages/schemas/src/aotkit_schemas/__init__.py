@@ -57,6 +57,8 @@ from ._descriptors import SubclassStrideAOTOutput as SubclassStrideAOTOutput
 from ._descriptors import SyntheticBaseAOTInput as SyntheticBaseAOTInput
 from ._descriptors import TangentAOTInput as TangentAOTInput
 from ._descriptors import ViewBaseAOTInput as ViewBaseAOTInput
+from ._descriptors import descriptor_from_json as descriptor_from_json
+from ._descriptors import descriptor_to_json as descriptor_to_json
 from ._disk_cache_config import DiskCacheConfig as DiskCacheConfig
 from ._disk_cache_config import disk_cache_config as disk_cache_config
 from ._disk_cache_config import disk_cache_dir as disk_cache_dir
@@ -126,6 +128,8 @@ from ._subclass_meta import num_unwrapped as num_unwrapped
 from ._view_and_mutation_meta import ViewAndMutationMeta as ViewAndMutationMeta
 
 __all__ = [
+    "descriptor_from_json",
+    "descriptor_to_json",
     "grouped_input_lines",
     "input_name",
     "AOTInput",

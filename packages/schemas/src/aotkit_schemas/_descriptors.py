@@ -5,7 +5,8 @@ See Note [Graph descriptors].
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 # Note [Graph descriptors]
 # Every placeholder of a joint, forward, backward or inference graph aotkit builds carries
@@ -408,3 +409,35 @@ DESCRIPTOR_CLASSES: tuple[type, ...] = tuple(
     c for c in list(globals().values())
     if isinstance(c, type) and c.__module__ == __name__ and c.__name__.endswith(("Input", "Output"))
 )
+_BY_NAME = {c.__name__: c for c in DESCRIPTOR_CLASSES}
+
+
+def descriptor_to_json(d: AOTInput | AOTOutput | None) -> Any:
+    """``d`` as ``[class name, {field: value}]`` (the on-disk cache's form), None as None."""
+    if d is None:
+        return None
+    return [type(d).__name__, {
+        f.name: descriptor_to_json(v) if isinstance(v := getattr(d, f.name), (AOTInput, AOTOutput))
+        else v
+        for f in fields(d)
+    }]
+
+
+def descriptor_from_json(j: Any) -> Any:
+    """The descriptor ``descriptor_to_json`` wrote; ValueError for anything else."""
+    if j is None:
+        return None
+    if type(j) is not list or len(j) != 2 or j[0] not in _BY_NAME or type(j[1]) is not dict:
+        raise ValueError(f"not a descriptor: {j!r}")
+    kw: dict[str, Any] = {}
+    for k, v in j[1].items():
+        if type(v) is list:
+            kw[k] = descriptor_from_json(v)
+        elif type(v) in (int, str):
+            kw[k] = v
+        else:
+            raise ValueError(f"bad field {k!r} of a descriptor: {v!r}")
+    try:
+        return _BY_NAME[j[0]](**kw)
+    except TypeError as e:
+        raise ValueError(f"bad descriptor {j!r}: {e}") from e
