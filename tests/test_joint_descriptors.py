@@ -304,3 +304,33 @@ def test_descriptors_survive_the_disk_cache(tmp_path: Any, monkeypatch: Any) -> 
     assert repr(fw.meta["desc"]) == "ParamAOTInput(target='lin.weight')"
     assert seen["fw"][0] == _descs(art.fw_module)
     assert _descs(cold.bw_module) == _descs(art.bw_module)
+
+
+def test_joint_pass_in_the_disk_cache_key(tmp_path: Any, monkeypatch: Any, caplog: Any) -> None:
+    """See Note [Joint graph passes]: a pass is keyed by its cache key; a pass without one
+    turns the disk cache off (logged), so no pass is served another pass's entry."""
+    import logging
+
+    monkeypatch.setenv("AOTKIT_CACHE", "1")
+    monkeypatch.setenv("AOTKIT_CACHE_DIR", str(tmp_path))
+
+    def nop(gm: torch.fx.GraphModule, _: Any) -> Any:
+        return gm
+
+    aotkit_schemas.mark_cache_key(nop, "test-nop")
+
+    def from_cache(joint_pass: Any) -> bool:
+        fn = aotkit.aot_function(_f, fw_compiler=nop, joint_pass=joint_pass)
+        fn(torch.randn(3, requires_grad=True), torch.randn(3, requires_grad=True))
+        return bool(fn._aotkit_cache.artifacts[0].from_cache)
+
+    def passes() -> list[Any]:
+        return [lambda gm, _: gm for _ in range(3)]
+
+    first, second, unkeyed = passes()
+    aotkit_schemas.mark_cache_key(first, "pass/1")
+    aotkit_schemas.mark_cache_key(second, "pass/2")
+    assert (from_cache(first), from_cache(first), from_cache(second)) == (False, True, False)
+    with caplog.at_level(logging.DEBUG):
+        assert (from_cache(unkeyed), from_cache(unkeyed)) == (False, False)
+    assert "the joint pass" in caplog.text and "offers no cache key" in caplog.text
