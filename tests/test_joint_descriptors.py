@@ -334,3 +334,44 @@ def test_joint_pass_in_the_disk_cache_key(tmp_path: Any, monkeypatch: Any, caplo
     with caplog.at_level(logging.DEBUG):
         assert (from_cache(unkeyed), from_cache(unkeyed)) == (False, False)
     assert "the joint pass" in caplog.text and "offers no cache key" in caplog.text
+
+
+class IntAndKwargs(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3))
+
+    def forward(self, x: torch.Tensor, n: int, scale: Any = None) -> torch.Tensor:
+        return (x * self.w * n * scale["a"]).sum()
+
+
+def test_int_and_keyword_inputs_match_torch() -> None:
+    args, kwargs = (torch.randn(3, requires_grad=True), 3), {"scale": {"a": torch.randn(3)}}
+    with contextlib.ExitStack() as stack:
+        ours = aotkit.aot_export_joint_with_descriptors(stack, IntAndKwargs(), args, kwargs)
+    with contextlib.ExitStack() as stack:
+        theirs = torch_aot.aot_export_joint_with_descriptors(stack, IntAndKwargs(), args, kwargs)
+    assert _descs(ours.graph_module) == _descs(theirs.graph_module)
+    assert (ours.in_spec, ours.out_spec) == (theirs.in_spec, theirs.out_spec)
+
+
+class _TupleLinear(nn.Linear):
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+        return (super().forward(x),)
+
+
+def test_aot_module_simplified_forward_graph_matches_torch() -> None:
+    gm = torch.fx.symbolic_trace(_TupleLinear(3, 3))
+    seen: dict[str, list[str]] = {}
+
+    def recording(who: str) -> Any:
+        def compile_graph(g: torch.fx.GraphModule, _: Any) -> Any:
+            seen[who] = _descs(g)
+            return g
+        return compile_graph
+
+    x = torch.randn(2, 3, requires_grad=True)
+    aotkit.aot_module_simplified(gm, [x], recording("ours"))(x)
+    torch_aot.aot_module_simplified(gm, [x], recording("torch"))(x)
+    assert seen["ours"] == seen["torch"]
+    assert seen["ours"][0] == "ParamAOTInput(target='weight')"
