@@ -53,8 +53,11 @@ DESC = "desc"
 #   joint's forward outputs then ``SavedForBackwardsAOTOutput(i)``, the backward's the
 #   joint's gradients (torch leaves the saved values' backward placeholders without one);
 # - the inference graph: its placeholders and returns.
-# When the counts do not add up (a graph a layer rewrote, such as the tensor subclass
-# layer), no descriptor is written: a graph has them all, correct, or none.
+# When the counts do not add up, no descriptor is written: a graph has them all, correct,
+# or none. Graphs traced through the tensor subclass layer (See Note [Tensor subclasses are
+# desugared]) carry none yet: torch's ``SubclassGetAttrAOTInput``/``...AOTOutput`` of the
+# inner tensors are not derived, so exporting such a joint raises JointDescriptorError.
+# A disk cache hit restores the descriptors stored with the graphs (aotkit_cache).
 
 
 def user_input_descs(cfg: AOTConfig, n: int) -> list[AOTInput]:
