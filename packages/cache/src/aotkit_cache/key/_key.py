@@ -315,6 +315,8 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
         ("decompositions", _decomposition_key(cfg.decompositions)),
         # See Note [Joint graph passes]: a pass without a cache key turns the cache off
         ("joint passes", [_callable_key("joint pass", p) for p in active_joint_passes(cfg)]),
+        # the entry stores the graphs' descriptors (See Note [Graph descriptors])
+        ("input descriptors", [repr(d) for d in cfg.input_descs or ()]),
         ("module hooks", global_hooks_key()),  # See Note [Module hooks in the on-disk cache key]
         ("custom ops", custom_ops_key()),  # See Note [Custom operators in the on-disk cache key]
         ("config", symbolic, cfg.keep_inference_input_mutations, cfg.disable_functionalization,
