@@ -386,3 +386,27 @@ def test_subclass_inputs_are_refused_by_name() -> None:
     with contextlib.ExitStack() as stack, pytest.raises(aotkit.JointDescriptorError,
                                                          match="tensor subclass layer"):
         aotkit.aot_export_joint_with_descriptors(stack, IntAndKwargs(), (x, 2), {"scale": {"a": x}})
+
+
+def test_forward_and_backward_graphs_match_torch() -> None:
+    """The descriptors the compilers see (See Note [Where descriptors are attached])."""
+    seen: dict[str, list[str]] = {}
+
+    def recording(who: str) -> Any:
+        def compile_graph(g: torch.fx.GraphModule, _: Any) -> Any:
+            seen[who] = [repr(n.meta.get("desc")) for n in g.graph.nodes if n.op == "placeholder"]
+            seen[who] += ["out " + repr(d) for d in next(iter(g.graph.find_nodes(op="output"))).meta["desc"]]
+            return aotkit.make_boxed_func(g)
+        return compile_graph
+
+    for who, api in (("ours", aotkit), ("torch", torch_aot)):
+        torch.manual_seed(0)
+        mod, args = _fresh(Mixed())
+        with contextlib.ExitStack() as stack:
+            jd = api.aot_export_joint_with_descriptors(stack, mod, args)
+        fn = api.aot_compile_joint_with_descriptors(
+            jd, fw_compiler=recording(f"{who} fw"), bw_compiler=recording(f"{who} bw")
+        )
+        _run(mod, lambda *a, fn=fn, mod=mod, jd=jd: fn(*_state(mod, jd), *a), args)
+    assert seen["ours fw"] == seen["torch fw"]
+    assert seen["ours bw"] == seen["torch bw"]
