@@ -398,7 +398,10 @@ def test_graph_json_keeps_the_user_visible_output_stamp() -> None:
     gm = g._aotkit_cache.artifacts[0].inference_module
     output = gm.graph.find_nodes(op="output")[0]
     data = graph_to_json(gm)
-    assert len(data["nodes"][-1]) == 6  # unmarked graphs stay unmarked: no extras
+    # unmarked graphs stay unmarked: the output's only extra is its descriptors (See Note
+    # [Graph descriptors] in aotkit_schemas)
+    assert data["nodes"][-1][6] == {"desc": [["PlainAOTOutput", {"idx": 0}],
+                                             ["PlainAOTOutput", {"idx": 1}]]}
     back = graph_from_json(json.loads(json.dumps(data)), FakeTensorMode())
     assert "user_visible_output_idxs" not in back.graph.find_nodes(op="output")[0].meta
     output.meta["user_visible_output_idxs"] = [1]

@@ -15,9 +15,15 @@ from aotkit_backends import print_compiler as print_compiler
 from aotkit_frontends import AOTCompileError as AOTCompileError
 from aotkit_frontends import AOTExportError as AOTExportError
 from aotkit_frontends import GeneratorCreatedInTraceError as GeneratorCreatedInTraceError
+from aotkit_frontends import JointDescriptorError as JointDescriptorError
+from aotkit_frontends import JointWithDescriptors as JointWithDescriptors
 from aotkit_frontends import SavedTensorHookContext as SavedTensorHookContext
 from aotkit_frontends import aot_autograd as aot_autograd
+from aotkit_frontends import (
+    aot_compile_joint_with_descriptors as aot_compile_joint_with_descriptors,
+)
 from aotkit_frontends import aot_export_joint_simple as aot_export_joint_simple
+from aotkit_frontends import aot_export_joint_with_descriptors as aot_export_joint_with_descriptors
 from aotkit_frontends import aot_export_module as aot_export_module
 from aotkit_frontends import aot_function as aot_function
 from aotkit_frontends import aot_module as aot_module
@@ -42,6 +48,7 @@ from aotkit_schemas import AOTConfig as AOTConfig
 from aotkit_schemas import BackwardSignature as BackwardSignature
 from aotkit_schemas import GraphSignature as GraphSignature
 from aotkit_schemas import InputAliasInfo as InputAliasInfo
+from aotkit_schemas import JointPassError as JointPassError
 from aotkit_schemas import MutationType as MutationType
 from aotkit_schemas import OutputAliasInfo as OutputAliasInfo
 from aotkit_schemas import OutputType as OutputType
@@ -60,6 +67,11 @@ if "torch._dynamo" in sys.modules:
     register_dynamo_backends()
 
 __all__ = [
+    "JointDescriptorError",
+    "JointWithDescriptors",
+    "aot_compile_joint_with_descriptors",
+    "aot_export_joint_with_descriptors",
+    "JointPassError",
     "AOTCompileError",
     "AOTConfig",
     "AOTExportError",

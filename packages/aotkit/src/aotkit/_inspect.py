@@ -46,7 +46,14 @@ from aotkit_partitioners import (
     get_partitioner,
     partition_report,
 )
-from aotkit_schemas import MutationType, OutputType, ViewAndMutationMeta
+from aotkit_schemas import (
+    AOTInput,
+    MutationType,
+    OutputType,
+    ViewAndMutationMeta,
+    grouped_input_lines,
+    input_name,
+)
 
 
 @dataclass
@@ -72,6 +79,16 @@ class Capture:
     # names of the parameters and buffers, in primals order (modules only)
     state_names: tuple[str, ...] = ()
     outcomes: dict[str, PartitionOutcome] = field(default_factory=dict)
+
+    @property
+    def input_descs(self) -> list[AOTInput | None]:
+        """The descriptor of each compiled input (See Note [Inputs named by their
+        descriptors] in aotkit_schemas): the joint's or the inference graph's."""
+        gm = self.joint if self.joint is not None else self.inference
+        if gm is None:
+            return [None] * len(self.meta.input_info)
+        phs = [n for n in gm.graph.nodes if n.op == "placeholder"][len(self.meta.tokens):]
+        return [n.meta.get("desc") for n in phs[: len(self.meta.input_info)]]
 
     def partition(self, name: str, partitioner: Callable[..., Any] | None = None) -> PartitionOutcome:
         """Split a copy of the joint graph with ``partitioner`` (default: the one registered
@@ -159,6 +176,15 @@ def module_of(joint: torch.fx.GraphModule, state_names: Sequence[str] = ()) -> d
     owners = {
         f"primals_{i + 1}": name.rpartition(".")[0] for i, name in enumerate(state_names)
     }
+    # the placeholders' descriptors name them exactly (tied parameters are passed once,
+    # which shifts the primals): See Note [Inputs named by their descriptors]
+    described = {
+        n.name: n.meta["desc"].target.rpartition(".")[0]
+        for n in joint.graph.nodes
+        if n.op == "placeholder" and hasattr(n.meta.get("desc"), "target")
+    }
+    if described:
+        owners = described
     # anchored: labelled from the forward or a parameter, not only from gradient flow
     anchored = set(found)
     for node in joint.graph.nodes:
@@ -223,8 +249,14 @@ def capture(fn_or_module: Callable[..., Any], *args: Any) -> Capture:
     )
 
 
-def metadata_summary(meta: ViewAndMutationMeta) -> str:
-    """Mutations and aliases of the inputs and outputs, in words."""
+def metadata_summary(
+    meta: ViewAndMutationMeta, descs: Sequence[AOTInput | None] | None = None
+) -> str:
+    """Mutations and aliases of the inputs and outputs, in words; inputs named by their
+    descriptors ``descs`` (See Note [Inputs named by their descriptors])."""
+    named = list(descs or ())
+    named += [None] * (len(meta.input_info) - len(named))
+    facts: list[tuple[int, AOTInput | None, str]] = []
     lines = [
         f"{len(meta.input_info)} inputs, {len(meta.output_info)} outputs; "
         f"{'training (joint forward+backward)' if meta.is_train else 'inference only'}"
@@ -240,11 +272,16 @@ def metadata_summary(meta: ViewAndMutationMeta) -> str:
         if info.mutation_type is MutationType.MUTATED_IN_GRAPH:
             what.append("mutation kept in the graph")
         if what:
-            lines.append(f"  input {i}: {', '.join(what)}")
+            facts.append((i, named[i], ", ".join(what)))
+    lines += grouped_input_lines(facts)
     for i, out in enumerate(meta.output_info):
         if out.output_type is OutputType.non_alias:
             continue
-        base = f" (base: input {out.base_idx})" if out.base_idx is not None else ""
+        base = ""
+        if out.base_idx is not None:
+            is_input = out.output_type in (OutputType.alias_of_input, OutputType.is_input)
+            base = (f" (base: {input_name(named[out.base_idx], out.base_idx)})" if is_input
+                    else f" (base: input {out.base_idx})")
         lines.append(f"  output {i}: {out.output_type.name.replace('_', ' ')}{base}")
     if len(lines) == 1:
         lines.append("  no input is mutated and no output aliases an input or another output")

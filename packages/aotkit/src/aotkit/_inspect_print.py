@@ -30,7 +30,7 @@ def inspect(
     out = file or sys.stdout
     cap = capture(fn_or_module, *args)
     print("== metadata ==", file=out)
-    print(metadata_summary(cap.meta), file=out)
+    print(metadata_summary(cap.meta, cap.input_descs), file=out)
     if cap.joint is None:
         if graphs and cap.inference is not None:
             print(_graph_text(cap.inference, "Inference graph"), file=out)

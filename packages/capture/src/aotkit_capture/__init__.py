@@ -54,6 +54,7 @@ from .compile._context import get_aot_graph_name as get_aot_graph_name
 from .compile._context import get_graph_being_compiled as get_graph_being_compiled
 from .compile._context import set_model_name as set_model_name
 from .compile._context import track_graph_compiling as track_graph_compiling
+from .compile._descriptors import graph_descriptors as graph_descriptors
 from .compile._examples import DeferredExamples as DeferredExamples
 from .compile._examples import LazyFakes as LazyFakes
 from .compile._gc import CollectionPause as CollectionPause
@@ -86,6 +87,7 @@ from .inputs._subclass_keys import UnkeyableSubclassContextError as UnkeyableSub
 from .inputs._subclass_keys import subclass_key as subclass_key
 
 __all__ = [
+    "graph_descriptors",
     "COMPILE_LOCK",
     "GeneratorStateError",
     "SubclassKey",

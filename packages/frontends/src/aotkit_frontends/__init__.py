@@ -34,10 +34,22 @@ from ._dynamo_backend import mem_efficient_fusion_kwargs as mem_efficient_fusion
 from ._dynamo_backend import register_dynamo_backends as register_dynamo_backends
 from ._export import aot_export_joint_simple as aot_export_joint_simple
 from ._export import aot_export_module as aot_export_module
+from ._joint_descriptors import JointDescriptorError as JointDescriptorError
+from ._joint_descriptors import JointWithDescriptors as JointWithDescriptors
+from ._joint_descriptors import (
+    aot_compile_joint_with_descriptors as aot_compile_joint_with_descriptors,
+)
+from ._joint_descriptors import (
+    aot_export_joint_with_descriptors as aot_export_joint_with_descriptors,
+)
 from ._outputs import UnsupportedOutputError as UnsupportedOutputError
 from ._simplified import aot_module_simplified as aot_module_simplified
 
 __all__ = [
+    "JointDescriptorError",
+    "JointWithDescriptors",
+    "aot_compile_joint_with_descriptors",
+    "aot_export_joint_with_descriptors",
     "AOTCompileError",
     "AOTExportError",
     "AOTModule",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -29,7 +29,7 @@ from aotkit_capture import (
 )
 from aotkit_functional import leaf_inputs
 from aotkit_partitioners import default_partition
-from aotkit_schemas import AOTConfig, disk_cache_enabled
+from aotkit_schemas import AOTConfig, BufferAOTInput, ParamAOTInput, disk_cache_enabled
 
 from aotkit_frontends.module_state._attribute_guard import (
     AOT_MODULE_ASSIGNED_TENSOR_MESSAGE,
@@ -280,6 +280,8 @@ def aot_function(
     enable_log: bool = True,
     disable_functionalization: bool = False,
     _disable_torch_fn_metadata_mode: bool = False,
+    joint_pass: Callable[..., Any] | None = None,
+    _input_descs: Sequence[Any] | None = None,
 ) -> Callable[..., Any]:
     """Trace ``fn``'s forward and backward ahead of time and compile them.
 
@@ -292,11 +294,14 @@ def aot_function(
     ``disable_functionalization=True`` traces as torch does then: in-place ops stay in the
     graphs where they ran (See Note [Tracing without functionalization] in aotkit_tracing).
     ``_disable_torch_fn_metadata_mode`` is accepted for signature compatibility with torch.
+    ``joint_pass(joint, joint_inputs) -> joint`` edits the joint graph before partitioning
+    (See Note [Joint graph passes] in aotkit_schemas).
     """
     cfg = make_config(
         fw_compiler, bw_compiler, partition_fn, decompositions, num_params_buffers,
         keep_inference_input_mutations, inference_compiler, dynamic=dynamic,
         enable_log=enable_log, disable_functionalization=disable_functionalization,
+        joint_pass=joint_pass, input_descs=_input_descs,
     )
     cache = CompiledCache(fn, cfg)
 
@@ -458,6 +463,10 @@ def _compile_module(
             return (out, assigned) if assigned else out
 
     kwargs["num_params_buffers"] = n_state
+    # See Note [Graph descriptors]: the graphs name the lifted state by FQN
+    kwargs["_input_descs"] = [ParamAOTInput(n) for n in state.param_names] + [
+        BufferAOTInput(n) for n in state.buffer_names
+    ]
     compiled = aot_function(functional_call, *args, **kwargs)
     cache = compiled._aotkit_cache  # type: ignore[attr-defined]
     cache.user_fn = (mod.forward, (mod,))

@@ -30,7 +30,13 @@ import torch.fx
 import torch.nn as nn
 from aotkit_capture import call_preserving_node_meta, compile_flat, entered_until_backward_traced
 from aotkit_partitioners import default_partition
-from aotkit_schemas import artifact_enabled, disk_cache_enabled, log_artifact
+from aotkit_schemas import (
+    BufferAOTInput,
+    ParamAOTInput,
+    artifact_enabled,
+    disk_cache_enabled,
+    log_artifact,
+)
 from torch._guards import Source, TracingContext
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.nn.utils import stateless
@@ -243,6 +249,10 @@ def aot_module_simplified(
         aot_autograd_arg_pos_to_source=sources,
         static_input_indices=static_indices,
         disable_functionalization=disable_functionalization,
+        # See Note [Graph descriptors] in aotkit_schemas: the lifted state by FQN, as torch
+        input_descs=[
+            ParamAOTInput(n) for n, _ in mod.named_parameters(remove_duplicate=False)
+        ] + [BufferAOTInput(n) for n, _ in mod.named_buffers(remove_duplicate=False)],
     )
     outputs = OutputLayout()
     num_params = len(params_flat)

@@ -15,6 +15,50 @@ from ._compile_cache import CompileCache as CompileCache
 from ._compile_cache import Uncacheable as Uncacheable
 from ._compile_cache import cache_counters as cache_counters
 from ._config import AOTConfig as AOTConfig
+from ._config import JointPassError as JointPassError
+from ._config import active_joint_passes as active_joint_passes
+from ._descriptor_names import grouped_input_lines as grouped_input_lines
+from ._descriptor_names import input_name as input_name
+from ._descriptors import DESCRIPTOR_CLASSES as DESCRIPTOR_CLASSES
+from ._descriptors import AOTInput as AOTInput
+from ._descriptors import AOTOutput as AOTOutput
+from ._descriptors import BackwardTokenAOTInput as BackwardTokenAOTInput
+from ._descriptors import BackwardTokenAOTOutput as BackwardTokenAOTOutput
+from ._descriptors import BufferAOTInput as BufferAOTInput
+from ._descriptors import DifferentiableAOTInput as DifferentiableAOTInput
+from ._descriptors import DifferentiableAOTOutput as DifferentiableAOTOutput
+from ._descriptors import DummyAOTInput as DummyAOTInput
+from ._descriptors import DummyAOTOutput as DummyAOTOutput
+from ._descriptors import ForwardTokenAOTInput as ForwardTokenAOTInput
+from ._descriptors import ForwardTokenAOTOutput as ForwardTokenAOTOutput
+from ._descriptors import GradAOTOutput as GradAOTOutput
+from ._descriptors import InputMutationAOTOutput as InputMutationAOTOutput
+from ._descriptors import IntermediateBaseAOTOutput as IntermediateBaseAOTOutput
+from ._descriptors import MetadataMutationAOTOutput as MetadataMutationAOTOutput
+from ._descriptors import ParamAOTInput as ParamAOTInput
+from ._descriptors import PhiloxBackwardBaseOffsetAOTInput as PhiloxBackwardBaseOffsetAOTInput
+from ._descriptors import PhiloxBackwardSeedAOTInput as PhiloxBackwardSeedAOTInput
+from ._descriptors import PhiloxForwardBaseOffsetAOTInput as PhiloxForwardBaseOffsetAOTInput
+from ._descriptors import PhiloxForwardSeedAOTInput as PhiloxForwardSeedAOTInput
+from ._descriptors import (
+    PhiloxUpdatedBackwardOffsetAOTOutput as PhiloxUpdatedBackwardOffsetAOTOutput,
+)
+from ._descriptors import PhiloxUpdatedForwardOffsetAOTOutput as PhiloxUpdatedForwardOffsetAOTOutput
+from ._descriptors import PlainAOTInput as PlainAOTInput
+from ._descriptors import PlainAOTOutput as PlainAOTOutput
+from ._descriptors import SavedForBackwardsAOTOutput as SavedForBackwardsAOTOutput
+from ._descriptors import SavedForBackwardsNoVcCheckAOTOutput as SavedForBackwardsNoVcCheckAOTOutput
+from ._descriptors import SubclassGetAttrAOTInput as SubclassGetAttrAOTInput
+from ._descriptors import SubclassGetAttrAOTOutput as SubclassGetAttrAOTOutput
+from ._descriptors import SubclassSizeAOTInput as SubclassSizeAOTInput
+from ._descriptors import SubclassSizeAOTOutput as SubclassSizeAOTOutput
+from ._descriptors import SubclassStrideAOTInput as SubclassStrideAOTInput
+from ._descriptors import SubclassStrideAOTOutput as SubclassStrideAOTOutput
+from ._descriptors import SyntheticBaseAOTInput as SyntheticBaseAOTInput
+from ._descriptors import TangentAOTInput as TangentAOTInput
+from ._descriptors import ViewBaseAOTInput as ViewBaseAOTInput
+from ._descriptors import descriptor_from_json as descriptor_from_json
+from ._descriptors import descriptor_to_json as descriptor_to_json
 from ._disk_cache_config import DiskCacheConfig as DiskCacheConfig
 from ._disk_cache_config import disk_cache_config as disk_cache_config
 from ._disk_cache_config import disk_cache_dir as disk_cache_dir
@@ -84,6 +128,48 @@ from ._subclass_meta import num_unwrapped as num_unwrapped
 from ._view_and_mutation_meta import ViewAndMutationMeta as ViewAndMutationMeta
 
 __all__ = [
+    "descriptor_from_json",
+    "descriptor_to_json",
+    "grouped_input_lines",
+    "input_name",
+    "AOTInput",
+    "DifferentiableAOTInput",
+    "AOTOutput",
+    "DifferentiableAOTOutput",
+    "ParamAOTInput",
+    "BufferAOTInput",
+    "DummyAOTInput",
+    "PlainAOTInput",
+    "SubclassGetAttrAOTInput",
+    "SubclassSizeAOTInput",
+    "SubclassStrideAOTInput",
+    "ViewBaseAOTInput",
+    "SyntheticBaseAOTInput",
+    "PhiloxForwardSeedAOTInput",
+    "PhiloxForwardBaseOffsetAOTInput",
+    "PhiloxBackwardSeedAOTInput",
+    "PhiloxBackwardBaseOffsetAOTInput",
+    "ForwardTokenAOTInput",
+    "BackwardTokenAOTInput",
+    "TangentAOTInput",
+    "PlainAOTOutput",
+    "InputMutationAOTOutput",
+    "IntermediateBaseAOTOutput",
+    "MetadataMutationAOTOutput",
+    "GradAOTOutput",
+    "PhiloxUpdatedForwardOffsetAOTOutput",
+    "PhiloxUpdatedBackwardOffsetAOTOutput",
+    "ForwardTokenAOTOutput",
+    "BackwardTokenAOTOutput",
+    "SubclassGetAttrAOTOutput",
+    "SubclassSizeAOTOutput",
+    "SubclassStrideAOTOutput",
+    "DummyAOTOutput",
+    "SavedForBackwardsAOTOutput",
+    "SavedForBackwardsNoVcCheckAOTOutput",
+    "DESCRIPTOR_CLASSES",
+    "JointPassError",
+    "active_joint_passes",
     "CacheSidecar",
     "CompileCache",
     "Uncacheable",

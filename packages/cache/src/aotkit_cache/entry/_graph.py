@@ -40,7 +40,15 @@ from typing import Any
 
 import torch
 import torch.fx
-from aotkit_schemas import CacheFormatError, TensorSpec, Uncacheable, dtype_from_name, dtype_name
+from aotkit_schemas import (
+    CacheFormatError,
+    TensorSpec,
+    Uncacheable,
+    descriptor_from_json,
+    descriptor_to_json,
+    dtype_from_name,
+    dtype_name,
+)
 from torch.fx._lazy_graph_module import _make_graph_module, _use_lazy_graph_module
 
 from aotkit_cache.key._constants import attach_constants, constants_to_json
@@ -268,6 +276,11 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
             extras["static"] = static  # See Note [Static input stamps of cached graphs]
         if op == "output":
             output_stamp_to_json(node, extras)
+        if "desc" in node.meta:  # See Note [Graph descriptors] in aotkit_schemas
+            d = node.meta["desc"]
+            extras["desc"] = (
+                [descriptor_to_json(x) for x in d] if op == "output" else descriptor_to_json(d)
+            )
         if extras:
             entry.append(extras)
         nodes.append(entry)
@@ -282,7 +295,9 @@ def graph_to_json(gm: torch.fx.GraphModule, form: SymbolicForm | None = None) ->
     return out
 
 
-_EXTRAS = {"placeholder": frozenset({"static"}), "output": frozenset({"user_visible"})}
+_EXTRAS = {
+    "placeholder": frozenset({"static", "desc"}), "output": frozenset({"user_visible", "desc"})
+}
 
 
 def graph_from_json(
@@ -334,6 +349,8 @@ def graph_from_json(
             put_meta(node, _STATIC_INPUT_KEY, static)
         elif op == "output":
             output_stamp_from_json(node, extras)
+        if "desc" in extras:  # See Note [Graph descriptors] in aotkit_schemas
+            _descriptor_from_json(node, extras["desc"])
         env[name] = node
     # See Note [Higher-order operators in the on-disk cache]
     owner = owner_from_json(
@@ -349,3 +366,15 @@ def graph_from_json(
     # lazy: FX code is generated on first use (nop reads only the graph)
     with _use_lazy_graph_module(True):
         return _make_graph_module(owner, graph)
+
+
+def _descriptor_from_json(node: torch.fx.Node, raw: Any) -> None:
+    try:
+        if node.op == "output":
+            if type(raw) is not list:
+                raise ValueError("the output's descriptors must be a list")
+            node.meta["desc"] = [descriptor_from_json(x) for x in raw]
+        else:
+            node.meta["desc"] = descriptor_from_json(raw)
+    except ValueError as e:
+        raise CacheFormatError(f"bad descriptor of node {node.name}: {e}") from e

@@ -58,7 +58,7 @@ import torch.fx
 from aotkit_backends import inductor_settings_key
 from aotkit_capture import ambient_key, saved_tensors_hooks_key
 from aotkit_functional import leaf_policy
-from aotkit_schemas import AOTConfig, Uncacheable, compiler_cache_key
+from aotkit_schemas import AOTConfig, Uncacheable, active_joint_passes, compiler_cache_key
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
@@ -313,6 +313,10 @@ def entry_key(identity: str, flat_args: Sequence[Any], cfg: AOTConfig) -> str:
         ("bw", _callable_key("backward compiler", cfg.bw_compiler)),
         ("inference", _callable_key("inference compiler", cfg.inference_compiler)),
         ("decompositions", _decomposition_key(cfg.decompositions)),
+        # See Note [Joint graph passes]: a pass without a cache key turns the cache off
+        ("joint passes", [_callable_key("joint pass", p) for p in active_joint_passes(cfg)]),
+        # the entry stores the graphs' descriptors (See Note [Graph descriptors])
+        ("input descriptors", [repr(d) for d in cfg.input_descs or ()]),
         ("module hooks", global_hooks_key()),  # See Note [Module hooks in the on-disk cache key]
         ("custom ops", custom_ops_key()),  # See Note [Custom operators in the on-disk cache key]
         ("config", symbolic, cfg.keep_inference_input_mutations, cfg.disable_functionalization,

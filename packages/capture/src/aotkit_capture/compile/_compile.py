@@ -74,6 +74,7 @@ from ._compiled_calls import (
     training_call,
 )
 from ._context import track_graph_compiling
+from ._descriptors import describe_inference, describe_joint, describe_partition, run_joint_passes
 from ._donated_buffers import with_donated_buffers
 from ._higher_order import current_rewrites, recording_backward_rewrites
 from ._logs import log_inference, log_joint, log_partition
@@ -466,6 +467,8 @@ def _compile_inference(
         )
     check_no_effects_in_subgraphs(gm)  # See Note [Higher-order operators]
     propagate_mutation_meta(gm.graph)  # See Note [Preserved node meta]
+    if subclasses is None:  # See Note [Where descriptors are attached]
+        describe_inference(gm, meta, artifacts.layout, cfg)
     log_inference(gm, meta)
     artifacts.inference_module = gm
     if subclasses is None:
@@ -516,6 +519,9 @@ def _compile_training(
     n_tok = len(meta.tokens)
     _mark_runtime_mutated_primals(joint, meta, subclasses, n_tok)
     propagate_mutation_meta(joint.graph)  # See Note [Preserved node meta]
+    if subclasses is None:  # See Note [Where descriptors are attached]
+        describe_joint(joint, meta, artifacts.layout, cfg)
+    joint = run_joint_passes(joint, joint_inputs, cfg)  # See Note [Joint graph passes]
     log_joint(joint, single_pass=artifacts.single_pass)
     artifacts.joint_module = joint
     n_fwd = meta.num_forward_returns + n_tok
@@ -532,6 +538,7 @@ def _compile_training(
         kw = partition_kwargs(cfg.partition_fn, static)
         fw_module, bw_module = cfg.partition_fn(joint, joint_inputs, num_fwd_outputs=n_fwd, **kw)
         inline_after_partition(fw_module, bw_module, n_fwd, meta, cfg.decompositions)
+    describe_partition(joint, fw_module, bw_module, n_fwd)
     partition = PartitionResult.from_modules(fw_module, bw_module, n_fwd)
     meta = artifacts.meta = with_donated_buffers(meta, partition, n_fwd)  # Note [Donated buffers]
     log_partition(joint, fw_module, bw_module, n_fwd, meta, _name(cfg.partition_fn), cfg.aot_id)
