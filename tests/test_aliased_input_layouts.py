@@ -185,24 +185,56 @@ def patterns(kinds: Sequence[str]) -> Callable[[int], Inputs]:
 def test_shifting_overlap(
     backend: str, dynamic: bool, grad: bool, offsets: Sequence[int]
 ) -> None:
-    # offset 6 with grads: see test_disjoint_windows_with_grad_raise_in_backward
+    # offset 6 with grads: see test_disjoint_windows_with_grad
     make = shifted_windows(grad, offsets)
     expected = observe(write_first_mul, make, len(offsets))
     got = observe(compiled(backend, dynamic)(write_first_mul), make, len(offsets))
     assert_same(expected, got, backend)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="known: saved input's version")
-def test_disjoint_windows_with_grad_raise_in_backward() -> None:
-    """Known limitation, loud and shared with torch: two windows of one storage that do not
-    overlap take no synthetic base (Note [Inputs that share a storage without
-    overlapping]); writing one bumps the version counter the other shares, after the
-    compiled forward saved the other for the backward, so backward raises "modified by an
-    inplace operation" where eager runs."""
-    make = shifted_windows(True, (6,))
-    expected = observe(write_first_mul, make, 1)
-    got = observe(aot_function(write_first_mul, nop), make, 1)
-    assert_same(expected, got, "aot_function")
+def write_first_mul_late(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    out = a * b
+    a.add_(1)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["aot_function", "aotkit_eager"])
+def test_disjoint_windows_with_grad(backend: str) -> None:
+    """Two windows of one storage that do not overlap, the first written, with grads: they
+    take no synthetic base (Note [Inputs that share a storage without overlapping]), and
+    the write bumps the version counter the second shares after the forward saved it. The
+    backward raised "modified by an inplace operation" where eager runs; now eager's values
+    (See Note [Saved inputs on a written storage] in aotkit_runtime). torch's AOTAutograd
+    raises in the backward."""
+    make = shifted_windows(True, (6, 5, 6))
+    expected = observe(write_first_mul, make, 3)
+    torch._dynamo.reset()
+    oracle = observe(compiled("aot_eager", False)(write_first_mul), make, 3, catch=True)
+    assert oracle[0][0] == "raised" and "inplace operation" in oracle[0][2]
+    torch._dynamo.reset()
+    got = observe(compiled(backend, False)(write_first_mul), make, 3)
+    assert_same(expected, got, backend)
+
+
+def test_disjoint_windows_written_after_the_call_raise_as_eager() -> None:
+    """The saved window's storage written after the call: eager's backward raises, and so
+    does aotkit's (the version expected is the one after the call's own writes); a window
+    saved before the function's write raises in eager and in aotkit alike."""
+    g = aot_function(write_first_mul, nop)
+    for fn in (write_first_mul, g):
+        leaf = torch.arange(10.0).requires_grad_()
+        buf = leaf * 1.0
+        out = fn(buf[0:4], buf[6:10])
+        buf[8].mul_(3)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+    h = aot_function(write_first_mul_late, nop)
+    for fn in (write_first_mul_late, h):
+        leaf = torch.arange(10.0).requires_grad_()
+        buf = leaf * 1.0
+        out = fn(buf[0:4], buf[6:10])
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
 
 
 @pytest.mark.parametrize("backend", ["aotkit_eager", "aot_function"])
