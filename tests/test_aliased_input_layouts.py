@@ -185,24 +185,56 @@ def patterns(kinds: Sequence[str]) -> Callable[[int], Inputs]:
 def test_shifting_overlap(
     backend: str, dynamic: bool, grad: bool, offsets: Sequence[int]
 ) -> None:
-    # offset 6 with grads: see test_disjoint_windows_with_grad_raise_in_backward
+    # offset 6 with grads: see test_disjoint_windows_with_grad
     make = shifted_windows(grad, offsets)
     expected = observe(write_first_mul, make, len(offsets))
     got = observe(compiled(backend, dynamic)(write_first_mul), make, len(offsets))
     assert_same(expected, got, backend)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError, reason="known: saved input's version")
-def test_disjoint_windows_with_grad_raise_in_backward() -> None:
-    """Known limitation, loud and shared with torch: two windows of one storage that do not
-    overlap take no synthetic base (Note [Inputs that share a storage without
-    overlapping]); writing one bumps the version counter the other shares, after the
-    compiled forward saved the other for the backward, so backward raises "modified by an
-    inplace operation" where eager runs."""
-    make = shifted_windows(True, (6,))
-    expected = observe(write_first_mul, make, 1)
-    got = observe(aot_function(write_first_mul, nop), make, 1)
-    assert_same(expected, got, "aot_function")
+def write_first_mul_late(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    out = a * b
+    a.add_(1)
+    return out
+
+
+@pytest.mark.parametrize("backend", ["aot_function", "aotkit_eager"])
+def test_disjoint_windows_with_grad(backend: str) -> None:
+    """Two windows of one storage that do not overlap, the first written, with grads: they
+    take no synthetic base (Note [Inputs that share a storage without overlapping]), and
+    the write bumps the version counter the second shares after the forward saved it. The
+    backward raised "modified by an inplace operation" where eager runs; now eager's values
+    (See Note [Saved inputs on a written storage] in aotkit_runtime). torch's AOTAutograd
+    raises in the backward."""
+    make = shifted_windows(True, (6, 5, 6))
+    expected = observe(write_first_mul, make, 3)
+    torch._dynamo.reset()
+    oracle = observe(compiled("aot_eager", False)(write_first_mul), make, 3, catch=True)
+    assert oracle[0][0] == "raised" and "inplace operation" in oracle[0][2]
+    torch._dynamo.reset()
+    got = observe(compiled(backend, False)(write_first_mul), make, 3)
+    assert_same(expected, got, backend)
+
+
+def test_disjoint_windows_written_after_the_call_raise_as_eager() -> None:
+    """The saved window's storage written after the call: eager's backward raises, and so
+    does aotkit's (the version expected is the one after the call's own writes); a window
+    saved before the function's write raises in eager and in aotkit alike."""
+    g = aot_function(write_first_mul, nop)
+    for fn in (write_first_mul, g):
+        leaf = torch.arange(10.0).requires_grad_()
+        buf = leaf * 1.0
+        out = fn(buf[0:4], buf[6:10])
+        buf[8].mul_(3)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
+    h = aot_function(write_first_mul_late, nop)
+    for fn in (write_first_mul_late, h):
+        leaf = torch.arange(10.0).requires_grad_()
+        buf = leaf * 1.0
+        out = fn(buf[0:4], buf[6:10])
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            out.sum().backward()
 
 
 @pytest.mark.parametrize("backend", ["aotkit_eager", "aot_function"])
@@ -219,14 +251,19 @@ def test_overlap_appears_or_goes(backend: str, kinds: Sequence[str]) -> None:
     assert_same(expected, got, backend)
 
 
-def test_changed_offset_falls_back_and_the_fitting_layout_uses_the_graph(
+def test_changed_offset_compiles_a_graph_for_its_layout(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The second call (offset 2) does not fit the graph compiled for offset 1 and runs
-    eagerly, with the reason logged; the third (offset 1 again) runs the graph."""
+    """The second call (offset 2) does not fit the graph compiled for offset 1: it compiles
+    a graph for its layout, with the reason logged; the third (offset 1 again) runs the
+    first graph, the fourth (offset 2) the second, compiled once. See Note [Graphs for
+    other input layouts]."""
     graph_calls: list[int] = []
+    compiles: list[int] = []
 
     def counting(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        compiles.append(1)
+
         def run(*args: Any) -> Any:
             graph_calls.append(1)
             return gm(*args)
@@ -237,13 +274,39 @@ def test_changed_offset_falls_back_and_the_fitting_layout_uses_the_graph(
     from aotkit_frontends import aot_autograd
 
     g = torch.compile(write_first_mul, backend=aot_autograd(fw_compiler=counting))
-    make = shifted_windows(False, (1, 2, 1))
-    expected = observe(write_first_mul, make, 3)
-    got = observe(g, make, 3)
+    make = shifted_windows(False, (1, 2, 1, 2))
+    expected = observe(write_first_mul, make, 4)
+    got = observe(g, make, 4)
     assert_same(expected, got, "aotkit counting")
-    assert len(graph_calls) == 2
-    assert EAGER_FALLBACK in caplog.text
+    assert len(compiles) == 2
+    assert len(graph_calls) == 4
+    assert EAGER_FALLBACK not in caplog.text
+    assert "compiles a graph for this call's input layout" in caplog.text
     assert "offset 1" in caplog.text and "offset 2" in caplog.text
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["values", "grads"])
+def test_more_layouts_than_the_limit_run_eagerly(
+    grad: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past MAX_LAYOUT_GRAPHS layouts, a new one runs eagerly (eager's values), logged;
+    layouts with graphs keep them."""
+    from aotkit_frontends._layout_graphs import MAX_LAYOUT_GRAPHS
+
+    caplog.set_level(logging.INFO, logger="aotkit.cache.recompiles")
+    offsets = (*range(1, MAX_LAYOUT_GRAPHS + 3), 2)
+
+    def make(k: int) -> Inputs:
+        data = torch.arange(16.0)
+        leaves = [data.requires_grad_()] if grad else []
+        buf = data * 1.0 if grad else data
+        return [buf], leaves, (buf[0:4], buf[offsets[k]:offsets[k] + 4])
+
+    expected = observe(write_first_mul, make, len(offsets))
+    got = observe(compiled("aotkit_eager", False)(write_first_mul), make, len(offsets))
+    assert_same(expected, got, "aotkit_eager")
+    assert EAGER_FALLBACK in caplog.text
+    assert f"{MAX_LAYOUT_GRAPHS} layouts already have graphs" in caplog.text
 
 
 def test_aot_module_simplified_direct_call() -> None:

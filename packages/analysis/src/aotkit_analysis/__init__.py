@@ -9,6 +9,7 @@ from ._input_layout import InputLayout as InputLayout
 from ._input_layout import MemberEffects as MemberEffects
 from ._input_layout import SyntheticBaseGroup as SyntheticBaseGroup
 from ._input_layout import compute_input_layout as compute_input_layout
+from ._input_layout import may_overlap as may_overlap
 
 __all__ = [
     "AliasedMember",
@@ -18,6 +19,7 @@ __all__ = [
     "collect_metadata",
     "compute_input_layout",
     "input_alias_info",
+    "may_overlap",
     "tangent_like",
     "tangent_strides_follow_output",
 ]

@@ -294,7 +294,7 @@ def _extent(t: torch.Tensor) -> tuple[int, int]:
     return lo, hi
 
 
-def _may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+def may_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
     """False only when a and b provably share no element of their storage. See Note
     [Inputs that share a storage without overlapping]."""
     if a.dtype.itemsize != b.dtype.itemsize:
@@ -360,7 +360,7 @@ def compute_input_layout(
         overlapping = [
             i
             for i in members
-            if any(j != i and _may_overlap(flat_args[i], flat_args[j]) for j in members)
+            if any(j != i and may_overlap(flat_args[i], flat_args[j]) for j in members)
         ]
         if len(overlapping) < 2 or mutated is None:
             continue

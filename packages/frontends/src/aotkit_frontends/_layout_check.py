@@ -23,9 +23,11 @@
 #     equal to the traced one, except the elements the trace took symbolically, whose
 #     values the graph takes as inputs and dynamo guards (See Note [Symbolic geometry of
 #     aliased members] in aotkit_capture).
-# A call whose layout does not fit runs the module eagerly (dynamo's graph, or the user's
-# module), which gives eager's values, mutations and gradients; the ``recompiles`` log
-# says why. A later call whose layout fits runs the compiled graph again.
+# A call whose layout does not fit runs a graph compiled for its layout, compiled on the
+# first such call (See Note [Graphs for other input layouts] in _layout_graphs), or, past
+# the limit of such graphs, the module eagerly (dynamo's graph, or the user's module),
+# which gives eager's values, mutations and gradients; the ``recompiles`` log says why. A
+# later call whose layout fits runs the first compiled graph again.
 """
 
 from __future__ import annotations

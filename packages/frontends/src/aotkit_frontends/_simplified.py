@@ -33,9 +33,7 @@ from aotkit_partitioners import default_partition
 from aotkit_schemas import (
     BufferAOTInput,
     ParamAOTInput,
-    artifact_enabled,
     disk_cache_enabled,
-    log_artifact,
 )
 from torch._guards import Source, TracingContext
 from torch._subclasses.fake_tensor import FakeTensor
@@ -45,6 +43,7 @@ from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 from ._aot_function import _resolve_partitioner, make_config
 from ._disk_cache import disk_cache, fingerprint_or_none
 from ._layout_check import LayoutCheck, describe_layout_change, layout_check, written_or_all
+from ._layout_graphs import LayoutGraphs
 from ._outputs import OutputLayout
 from ._pre_grad import check_tensors_kept, passes_identity, pre_grad_timing, tensor_slots
 from ._runtime_asserts import (
@@ -143,12 +142,11 @@ def _checked(
     checks: list[Check],
     outputs: OutputLayout,
     fits: LayoutCheck | None,
-    eager: Callable[[list[Any]], Any],
-    describe: Callable[[list[Any]], str],
+    other_layout: Callable[[list[Any]], Any],
 ) -> Callable[[list[Any]], Any]:
     """The compiled call with its runtime checks: torch's assertions first, then the
-    layout check, whose misses run ``eager`` (See Note [Runtime checks of the input
-    layout])."""
+    layout check, whose misses run ``other_layout`` (See Note [Runtime checks of the input
+    layout], Note [Graphs for other input layouts])."""
     if not checks and fits is None:
         return lambda flat: outputs.unflatten(runner(flat))
 
@@ -156,13 +154,7 @@ def _checked(
         for check in checks:
             check(flat)
         if fits is not None and not fits(flat):
-            if artifact_enabled("recompiles"):
-                log_artifact(
-                    "recompiles",
-                    "aot_module_simplified runs the module eagerly for this call: %s",
-                    describe(flat),
-                )
-            return eager(flat)
+            return other_layout(flat)
         return outputs.unflatten(runner(flat))
 
     return checked_runner
@@ -301,10 +293,13 @@ def aot_module_simplified(
     def eager(flat: list[Any]) -> Any:
         return mod(*flat[num_params:])
 
-    def describe(flat: list[Any]) -> str:
-        return describe_layout_change(layout, flat, watched)
+    # See Note [Graphs for other input layouts]
+    other_layouts = LayoutGraphs(functional_call, cfg, outputs.unflatten, eager)
 
-    run = _checked(runner, [c for c in checks if c is not None], outputs, fits, eager, describe)
+    def other_layout(flat: list[Any]) -> Any:
+        return other_layouts(flat, lambda: describe_layout_change(layout, flat, watched))
+
+    run = _checked(runner, [c for c in checks if c is not None], outputs, fits, other_layout)
 
     forward: Any  # a function carrying the module's zero_grad/named_* as attributes
     if _is_gm_wrapper(mod):

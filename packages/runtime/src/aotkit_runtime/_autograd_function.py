@@ -88,6 +88,7 @@ from aotkit_schemas import (
 from ._call import as_list_caller
 from ._deferred_errors import deferred_error
 from ._higher_order import HigherOrder, RngDevices, higher_order_grads, rng_states
+from ._saved_versions import late_saver
 from ._subclass import SubclassZeros
 from ._tangent_layout import TangentLayout, coerce_tangent_layout
 
@@ -258,6 +259,8 @@ def make_autograd_function(
     ho_rng = RngDevices(ho.rng_devices) if ho is not None and ho.draws else None
     ho_module: list[Callable[..., Sequence[Any]]] = []
     double_backward_error = f"{_DOUBLE_BACKWARD_ERROR} Why: {plan.higher_order_blocked}."
+    # See Note [Saved inputs on a written storage]
+    late_save = late_saver([i for i, info in enumerate(meta.input_info) if info.mutates_data])
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -290,10 +293,12 @@ def make_autograd_function(
                     ]
             if n_symints:
                 ctx.saved_symints = tuple(outs[saved_end:])
-            if plain_forward:
-                ctx.save_for_backward(*outs[n_returns:saved_end])
-                return tuple(outs[:n_returns])
             saved_tensors = outs[n_returns:saved_end]
+            if late_save is not None:
+                saved_tensors, ctx.late_saved = late_save(args, saved_tensors)
+            if plain_forward:
+                ctx.save_for_backward(*saved_tensors)
+                return tuple(outs[:n_returns])
             raw = list(outs[:n_returns])
             guarded: list[torch.Tensor] = []
             if unsafe_views:
@@ -365,6 +370,11 @@ def make_autograd_function(
                     tangents[k] = t.contiguous()
             # unpacking checks the versions of guarded unsafe views too
             saved = ctx.saved_tensors
+            late = getattr(ctx, "late_saved", None) if late_save is not None else None
+            if late is not None:
+                late.check()  # See Note [Saved inputs on a written storage]
+                if not torch._C._autograd._get_current_graph_task_keep_graph():
+                    late.clear()
             if len(saved) != n_tensors:
                 saved = saved[:n_tensors]
             all_args = [*ctx.saved_symints, *saved, *tangents] if n_symints else [*saved, *tangents]
@@ -394,6 +404,8 @@ def make_autograd_function(
                 raise RuntimeError(stale[k])
         # unpacking checks the saved tensors' versions (inputs saved by the graph too)
         ctx.saved_tensors  # noqa: B018
+        if late_save is not None and (late := getattr(ctx, "late_saved", None)) is not None:
+            late.check()  # See Note [Saved inputs on a written storage]
         if not ho_module:
             ho_module.append(ho.module())
         return higher_order_grads(

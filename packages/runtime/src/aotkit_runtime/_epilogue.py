@@ -43,6 +43,8 @@ import torch
 from aotkit_functional import apply_view_meta_sequence, as_plain_tensor, regenerate_alias
 from aotkit_schemas import OutputType, ViewAndMutationMeta
 
+from ._saved_versions import settle_pending
+
 
 def _apply_input_mutation(
     original: torch.Tensor, updated: torch.Tensor, *, data: bool, metadata: bool, storage: bool,
@@ -250,6 +252,8 @@ def make_epilogue(
 
         return plain
 
+    data_written = any(m[2] for m in mutations)
+
     def epilogue(args: list[Any], returns: Sequence[Any]) -> list[Any]:
         pre: dict[int, torch.Tensor] = {}
         for idx in pre_call_alias:
@@ -269,6 +273,8 @@ def make_epilogue(
                 args[idx], returns[pos], data=data, metadata=metadata, storage=storage,
                 hidden=hidden, leaf=leaf, new_layout=new_layout,
             )
+        if data_written:
+            settle_pending()  # See Note [Saved inputs on a written storage]
         outs = list(returns[n_mut : n_mut + n_out])
         bases = returns[n_mut + n_out :]
         if rooted_outputs or rooted_bases:
