@@ -383,33 +383,81 @@ def test_inductor_freezing_with_subclass_parameters(monkeypatch: pytest.MonkeyPa
     torch.testing.assert_close(_frozen_run(_FrozenWithSubclass(), compile=True), eager)
 
 
-# ---- an effectful custom op inside torch.cond: a clear error at compile time (Note
-# [Higher-order operators]); eager runs it, and so should aotkit one day
+# ---- an effectful custom op inside torch.cond: tokens threaded through the branches (Note
+# [Effect tokens through torch.cond])
 
 
 def _effect_in_cond(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     from _effect_ops import log
 
     out: torch.Tensor = torch.cond(
-        p, lambda x: log(x, "true") * 2, lambda x: log(x, "false") - 1, (x,)
+        p, lambda x: log(x, "true") * x, lambda x: log(x, "false") - 1, (log(x, "before"),)
     )
-    return out.sum()
+    return log(out, "after").sum()
 
 
-@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
-def test_effectful_op_in_cond_raises_a_clear_error(requires_grad: bool) -> None:
+class _EffectInCond(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 3))
+
+    def forward(self, x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        return _effect_in_cond(x * self.w, p)
+
+
+def _effect_cond_run(fn: Any, requires_grad: bool, pred: bool) -> list[Any]:
+    """The side effects (forward, then backward) in order, the output and the gradient."""
     from _effect_ops import LOG
-    from aotkit_capture import UnsupportedHigherOrderOperatorError
 
+    torch.manual_seed(0)
     x = torch.randn(3, requires_grad=requires_grad)
     LOG.clear()
-    _effect_in_cond(x, torch.tensor(True))  # eager runs
-    assert LOG == ["true"]
+    out = fn(x, torch.tensor(pred))
+    got: list[Any] = [list(LOG), out.detach()]
+    if requires_grad:
+        out.backward()
+        got += [list(LOG), x.grad]
+    return got
+
+
+def _effect_cond_compiled(frontend: str) -> Any:
+    from aotkit import aot_module
+
+    if frontend == "aot_function":
+        return aot_function(_effect_in_cond, nop)
+    if frontend == "aot_module":
+        return aot_module(_EffectInCond(), nop)
+    torch._dynamo.reset()
+    return torch.compile(_effect_in_cond, backend="aotkit_eager", fullgraph=True)
+
+
+@pytest.mark.parametrize("frontend", ["aot_function", "aot_module", "aotkit_eager"])
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
+def test_effectful_op_in_cond(requires_grad: bool, frontend: str) -> None:
+    """Both branches, twice each from one compiled function: the side effects in eager's
+    order (the branch's op runs again in the backward, as eager's cond recomputes the
+    branch there), eager's output and gradient."""
+    compiled = _effect_cond_compiled(frontend)
+    eager_fn = _EffectInCond() if frontend == "aot_module" else _effect_in_cond
+    for pred in (True, False, True):
+        eager = _effect_cond_run(eager_fn, requires_grad, pred)
+        assert eager[0] == ["before", "true" if pred else "false", "after"]
+        got = _effect_cond_run(compiled, requires_grad, pred)
+        assert got[0] == eager[0] and got[2:3] == eager[2:3]
+        torch.testing.assert_close(got[1::2], eager[1::2])
+    if frontend == "aot_function":
+        assert len(compiled._aotkit_cache.entries) == 1  # one graph for both branches
+        # torch's AOTAutograd fails on this program
+        with pytest.raises(Exception):  # noqa: B017
+            _effect_cond_run(torch_aot_function(_effect_in_cond, nop), requires_grad, True)
+
+
+def test_effectful_op_in_cond_outside_aotkit_is_torchs() -> None:
+    """aotkit's cond rule defers to torch's outside aotkit's compilations: torch's
+    AOTAutograd still fails as before once aotkit has compiled such a program."""
+    from _effect_ops import LOG
+
+    _effect_cond_run(aot_function(_effect_in_cond, nop), True, True)
     LOG.clear()
-    with pytest.raises(UnsupportedHigherOrderOperatorError, match="effectful") as info:
-        aot_function(_effect_in_cond, nop)(x, torch.tensor(True))
-    assert "cond" in str(info.value) and "Remedy" in str(info.value)
-    assert LOG == []  # nothing ran: the error comes before any call
-    # torch's AOTAutograd fails too
-    with pytest.raises(Exception):  # noqa: B017
-        torch_aot_function(_effect_in_cond, nop)(x, torch.tensor(True))
+    with pytest.raises(AssertionError, match="FakeTensors"):
+        torch_aot_function(_effect_in_cond, nop)(torch.randn(3), torch.tensor(True))

@@ -56,6 +56,7 @@ from aotkit_frontends.module_state._tensor_attrs import (
 
 from ._disk_cache import disk_cache, disk_identity
 from ._guards import describe_flat_input, input_key
+from ._lifted_globals import TensorSlot, lifted, read_slots, tensor_slots
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 
@@ -113,6 +114,11 @@ def make_config(
 Entry = tuple[Runner, OutputLayout, CompiledArtifacts]
 
 
+class _RetryWithSlots(Exception):
+    """The trace reached global or closure tensors, now lifted: call again with them.
+    See Note [Global tensors lifted as inputs]."""
+
+
 class CompiledCache:
     """Compiled entries of one function, keyed as in Note [Compile cache keys].
 
@@ -149,11 +155,23 @@ class CompiledCache:
         # aot_module: attribute changes replayed after a call (See Note [Plain attributes a
         # forward changes])
         self.effects: ForwardEffects | None = None
+        # aot_function: the global and closure tensors lifted as inputs, and the program
+        # that takes them (See Note [Global tensors lifted as inputs])
+        self.slots: list[TensorSlot] = []
+        self._program: Callable[..., Any] = fn
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if COMPILATIONS_IN_PROGRESS[0] and inside_a_trace():
             # See Note [Compiled functions called while aotkit traces] in aotkit_tracing
             return self.fn(*args, **kwargs)
+        if self.slots:  # See Note [Global tensors lifted as inputs]
+            args = (*args, *read_slots(self.slots))
+        try:
+            return self._call(args, kwargs)
+        except _RetryWithSlots:
+            return self(args, kwargs)
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
         if flat:
             for a in args:
@@ -222,7 +240,7 @@ class CompiledCache:
             describe_flat_input, in_spec, self.cfg.num_params_buffers
         ))
         outputs = OutputLayout()
-        flat_fn = flatten_function(self.fn, in_spec, outputs)
+        flat_fn = flatten_function(self._program, in_spec, outputs)
         # See Note [On-disk compile cache] in aotkit_cache: off unless AOTKIT_CACHE=1 or
         # disk_cache_config says so, and then only with compilers that offer cache keys
         identity = (
@@ -254,6 +272,11 @@ class CompiledCache:
                 raise CapturedTensorError(message) from e
             # See Note [Tensors captured by closure or global]
             user_fn, skip = self.user_fn
+            if not skip and not self.slots and self.module_attrs is None:
+                slots = tensor_slots(user_fn)
+                if slots:  # See Note [Global tensors lifted as inputs]
+                    self.slots, self._program = slots, lifted(self.fn, slots)
+                    raise _RetryWithSlots() from e
             raise captured_tensor_error(user_fn, e, skip) from e
         # a trace that read a tensor attribute only for its metadata: See Note [Tensor
         # attributes of aot_module's modules]

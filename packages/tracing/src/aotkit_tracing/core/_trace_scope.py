@@ -44,6 +44,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+from .._cond_effects import install_cond_effects
+
 _local = threading.local()
 # compilations in progress on any thread; See Note [Compiled functions called while aotkit
 # traces]
@@ -76,6 +78,7 @@ def new_compilation() -> Iterator[None]:
     """Open around a whole compilation: a compile nested in a joint trace (an aot_module
     called inside another compiled function) runs its own passes outside the outer
     trace's scope. See Note [Contexts that span the backward trace]."""
+    install_cond_effects(inside_a_trace)  # See Note [Effect tokens through torch.cond]
     scopes = _scopes()
     scopes.append(None)
     # See Note [Compiled functions called while aotkit traces]
