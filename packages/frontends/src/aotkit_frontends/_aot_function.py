@@ -159,17 +159,22 @@ class CompiledCache:
         # that takes them (See Note [Global tensors lifted as inputs])
         self.slots: list[TensorSlot] = []
         self._program: Callable[..., Any] = fn
+        self._slots_checked = False
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if COMPILATIONS_IN_PROGRESS[0] and inside_a_trace():
             # See Note [Compiled functions called while aotkit traces] in aotkit_tracing
             return self.fn(*args, **kwargs)
-        if self.slots:  # See Note [Global tensors lifted as inputs]
-            args = (*args, *read_slots(self.slots))
-        try:
-            return self._call(args, kwargs)
-        except _RetryWithSlots:
-            return self(args, kwargs)
+        if not self.slots:
+            try:
+                return self._call(args, kwargs)
+            except _RetryWithSlots:
+                pass
+        while True:  # See Note [Global tensors lifted as inputs]
+            try:
+                return self._call((*args, *read_slots(self.slots)), kwargs)
+            except _RetryWithSlots:
+                continue
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
@@ -235,7 +240,25 @@ class CompiledCache:
             key = (*key[:-1], (key[-1][0], attrs.key_of(entry[2])))
         return key, entry
 
+    def _lift(self) -> bool:
+        """Whether the function reaches global or closure tensors not lifted yet, now
+        lifted. See Note [Global tensors lifted as inputs]."""
+        user_fn, skip = self.user_fn
+        if skip or self.module_attrs is not None:
+            return False
+        known = {(id(s.holder), id(s.cell), s.name) for s in self.slots}
+        new = [s for s in tensor_slots(user_fn) if (id(s.holder), id(s.cell), s.name) not in known]
+        if not new:
+            return False
+        self.slots = [*self.slots, *new]
+        self._program = lifted(self.fn, self.slots)
+        return True
+
     def _compile(self, flat_args: list[Any], in_spec: pytree.TreeSpec) -> Entry:
+        if not self._slots_checked:
+            self._slots_checked = True
+            if self._lift():  # before any trace: See Note [Global tensors lifted as inputs]
+                raise _RetryWithSlots()
         check_input_kinds(flat_args, functools.partial(
             describe_flat_input, in_spec, self.cfg.num_params_buffers
         ))
@@ -271,12 +294,9 @@ class CompiledCache:
                 message = TENSOR_ATTRIBUTE_MESSAGE.format(names=", ".join(tensor_attrs))
                 raise CapturedTensorError(message) from e
             # See Note [Tensors captured by closure or global]
+            if self._lift():  # a global rebound to a tensor since: lifted too
+                raise _RetryWithSlots() from e
             user_fn, skip = self.user_fn
-            if not skip and not self.slots and self.module_attrs is None:
-                slots = tensor_slots(user_fn)
-                if slots:  # See Note [Global tensors lifted as inputs]
-                    self.slots, self._program = slots, lifted(self.fn, slots)
-                    raise _RetryWithSlots() from e
             raise captured_tensor_error(user_fn, e, skip) from e
         # a trace that read a tensor attribute only for its metadata: See Note [Tensor
         # attributes of aot_module's modules]
