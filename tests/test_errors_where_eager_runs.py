@@ -527,6 +527,26 @@ def test_effectful_op_in_cond(requires_grad: bool, frontend: str) -> None:
             _effect_cond_run(torch_aot_function(_effect_in_cond, nop), requires_grad, True)
 
 
+def test_effectful_op_in_cond_under_inductor_raises_a_clear_error() -> None:
+    """Inductor lowers effect tokens to None, which cannot be a cond operand: a clear
+    error before Inductor runs (Note [Unlifted tokens for Inductor])."""
+    from _effect_ops import LOG
+    from aotkit_backends import TokensThroughHigherOrderOpError, inductor_available
+
+    if not inductor_available():
+        pytest.skip("Inductor cannot compile here")
+    torch._dynamo.reset()
+    compiled = torch.compile(_effect_in_cond, backend="aotkit_inductor", fullgraph=True)
+    LOG.clear()
+    with pytest.raises(Exception, match="Remedy: compile this function with a non-Inductor") as info:
+        compiled(torch.randn(3), torch.tensor(True))
+    err: BaseException | None = info.value
+    while err is not None and not isinstance(err, TokensThroughHigherOrderOpError):
+        err = err.__cause__ or err.__context__
+    assert err is not None
+    assert LOG == []  # the graph never ran
+
+
 def test_effectful_op_in_cond_outside_aotkit_is_torchs() -> None:
     """aotkit's cond rule defers to torch's outside aotkit's compilations: torch's
     AOTAutograd still fails as before once aotkit has compiled such a program."""

@@ -57,7 +57,8 @@ _install_lock = threading.Lock()
 
 def _target_has_effects(target: Any) -> bool:
     if isinstance(target, torch._ops.OpOverloadPacket):
-        return any(has_effects(getattr(target, name)) for name in target.overloads())
+        names = target.overloads()  # type: ignore[no-untyped-call]
+        return any(has_effects(getattr(target, name)) for name in names)
     return has_effects(target)
 
 

@@ -50,15 +50,17 @@
 #   * A HOP that torch cannot trace in a mode aotkit uses raises an error that names the
 #     HOP and what to do (``UnsupportedHigherOrderOperator``), never a bare dispatcher
 #     message.
-#   * An effectful op (Note [Effect tokens]) inside a HOP's subgraph (``torch.cond``'s
-#     branch calling an op registered with ``_register_effectful_op``) gets a token made
-#     inside the subgraph: the traced graph holds it as a fake constant, its effect is
-#     not ordered with the graph's own chain, and the graph fails when it runs (an
-#     internal "Please convert all Tensors to FakeTensors" assertion, or a backward that
-#     misses its token). ``check_no_effects_in_subgraphs`` raises at compile time
-#     instead, naming the HOP and the op (``UnsupportedHigherOrderOperator``); a joint
-#     trace whose HOP backward fails for the missing ``tangents_token`` raises the same
-#     error (``effects_in_subgraph_error``). torch's AOTAutograd fails these programs too.
+#   * An effectful op (Note [Effect tokens]) inside ``torch.cond``'s branches gets the
+#     graph's token threaded through the cond (See Note [Effect tokens through
+#     torch.cond]). Inside another HOP's subgraph (or one the branch scan cannot see) it
+#     gets a token made inside the subgraph: the traced graph holds it as a fake
+#     constant, its effect is not ordered with the graph's own chain, and the graph
+#     fails when it runs (an internal "Please convert all Tensors to FakeTensors"
+#     assertion, or a backward that misses its token). ``check_no_effects_in_subgraphs``
+#     raises at compile time instead, naming the HOP and the op
+#     (``UnsupportedHigherOrderOperator``); a joint trace whose HOP backward fails for the
+#     missing ``tangents_token`` raises the same error (``effects_in_subgraph_error``).
+#     torch's AOTAutograd fails these programs too.
 """
 
 from __future__ import annotations
