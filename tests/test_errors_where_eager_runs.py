@@ -277,6 +277,37 @@ def test_rebound_global_of_another_shape_compiles_again() -> None:
     assert len(compiled._aotkit_cache.entries) == 2  # the same shape reuses its graph
 
 
+def _make_adder(value: float) -> Any:
+    offset = torch.full((3,), value)
+
+    def add(x: torch.Tensor) -> torch.Tensor:
+        offset.add_(1)
+        return x + offset
+
+    return add
+
+
+_ADDER = _make_adder(0.0)
+
+
+def _calls_adder(x: torch.Tensor) -> torch.Tensor:
+    return _ADDER(x) * 2
+
+
+def test_rebound_function_holding_a_closure_tensor_is_found_again() -> None:
+    """The slot was found through ``_ADDER``; rebinding it finds the new closure's cell
+    and compiles again: never the old closure's tensor."""
+    global _ADDER
+    compiled = aot_function(_calls_adder, nop)
+    for value in (0.0, 10.0, 10.0):
+        _ADDER = _make_adder(value)
+        eager = [_calls_adder(torch.ones(3)), _calls_adder(torch.ones(3))]
+        _ADDER = _make_adder(value)
+        got = [compiled(torch.ones(3)), compiled(torch.ones(3))]
+        torch.testing.assert_close(got, eager)
+        torch.testing.assert_close(_ADDER.__closure__[0].cell_contents, torch.full((3,), value + 2))
+
+
 def test_mutated_global_torch_raises_its_internal_assert() -> None:
     x = torch.randn(3, requires_grad=True)
     # torch's AOTAutograd raises its internal assert as the error itself

@@ -56,7 +56,7 @@ from aotkit_frontends.module_state._tensor_attrs import (
 
 from ._disk_cache import disk_cache, disk_identity
 from ._guards import describe_flat_input, input_key
-from ._lifted_globals import TensorSlot, lifted, read_slots, tensor_slots
+from ._lifted_globals import SlotsChanged, TensorSlot, lifted, read_slots, tensor_slots
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 
@@ -172,9 +172,23 @@ class CompiledCache:
                 pass
         while True:  # See Note [Global tensors lifted as inputs]
             try:
-                return self._call((*args, *read_slots(self.slots)), kwargs)
+                extra = read_slots(self.slots, checked=True)
+            except SlotsChanged:
+                self._found_again()
+                continue
+            try:
+                return self._call((*args, *extra), kwargs)
             except _RetryWithSlots:
                 continue
+
+    def _found_again(self) -> None:
+        """A function on the way to a slot was rebound: find the slots again, and compile
+        again. See Note [Global tensors lifted as inputs]."""
+        with COMPILE_LOCK:
+            self.slots = tensor_slots(self.user_fn[0])
+            self._program = lifted(self.fn, self.slots)
+            self._by_key.clear()
+            self._last = None
 
     def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs

@@ -19,6 +19,10 @@
 #     slot's own tensor is put back afterwards. Lifted tensors are ordinary inputs: a
 #     mutation is written back into the global's tensor after the call, as eager leaves
 #     it; one that requires grad gets its gradient in ``.grad``.
+#   * A slot found through a function (a global or closure variable holding it) is
+#     valid while that variable still holds that function: each call checks it, and a
+#     rebound one finds the slots again and drops the compiled entries (the function
+#     traced may be another one): compiled again, never stale.
 #   * The first failing trace is dropped and the call is made again with the slots;
 #     entries compiled before (calls that never reached the tensors) stay valid for the
 #     call convention they were compiled with, which a lifted call no longer uses. With
@@ -41,16 +45,33 @@ from typing import Any
 import torch
 from aotkit_capture import entered_until_backward_traced
 
-__all__ = ["TensorSlot", "lifted", "read_slots", "tensor_slots"]
+__all__ = ["SlotsChanged", "TensorSlot", "lifted", "read_slots", "tensor_slots"]
+
+
+class SlotsChanged(Exception):
+    """A function through which a slot was found is no longer where it was found."""
 
 
 class TensorSlot:
-    """Where a captured tensor lives: a globals dict entry or a closure cell."""
+    """Where a captured tensor lives: a globals dict entry or a closure cell, and the
+    slots (with the functions they held) through which it was found."""
 
-    __slots__ = ("cell", "holder", "name")
+    __slots__ = ("cell", "holder", "name", "via")
 
-    def __init__(self, name: str, holder: dict[str, Any] | None, cell: Any = None) -> None:
-        self.name, self.holder, self.cell = name, holder, cell
+    def __init__(
+        self,
+        name: str,
+        holder: dict[str, Any] | None,
+        cell: Any = None,
+        via: tuple[tuple[TensorSlot, Any], ...] = (),
+    ) -> None:
+        self.name, self.holder, self.cell, self.via = name, holder, cell, via
+
+    def check(self) -> None:
+        """Raise SlotsChanged when a function on the way to this slot was rebound."""
+        for slot, held in self.via:
+            if slot.get() is not held:
+                raise SlotsChanged()
 
     def get(self) -> Any:
         if self.holder is not None:
@@ -84,20 +105,20 @@ def tensor_slots(fn: Callable[..., Any]) -> list[TensorSlot]:
                 seen_slots.add(ident)
                 slots.append(slot)
         elif callable(v) and not isinstance(v, torch.nn.Module) and depth < 3:
-            visit_fn(v, depth + 1)
+            visit_fn(v, depth + 1, (*slot.via, (slot, v)))
 
-    def visit_fn(f: Any, depth: int) -> None:
+    def visit_fn(f: Any, depth: int, via: tuple[tuple[TensorSlot, Any], ...] = ()) -> None:
         if id(f) in seen_fns:
             return
         seen_fns.add(id(f))
         if isinstance(f, functools.partial):
-            visit_fn(f.func, depth)
+            visit_fn(f.func, depth, via)
             return
         if isinstance(f, types.MethodType):
             f = f.__func__
         wrapped = getattr(f, "__wrapped__", None)
         if wrapped is not None:
-            visit_fn(wrapped, depth)
+            visit_fn(wrapped, depth, via)
         code = getattr(f, "__code__", None)
         if not isinstance(code, types.CodeType):
             return
@@ -109,20 +130,25 @@ def tensor_slots(fn: Callable[..., Any]) -> list[TensorSlot]:
                 v = cell.cell_contents
             except ValueError:  # an empty cell
                 continue
-            visit_value(v, TensorSlot(name, None, cell), depth)
+            visit_value(v, TensorSlot(name, None, cell, via), depth)
         f_globals = getattr(f, "__globals__", None)
         if not isinstance(f_globals, dict):
             return
         for name in dict.fromkeys(_code_names(code)):
             if name in f_globals and not isinstance(f_globals[name], types.ModuleType):
-                visit_value(f_globals[name], TensorSlot(name, f_globals), depth)
+                visit_value(f_globals[name], TensorSlot(name, f_globals, None, via), depth)
 
     visit_fn(fn, 0)
     return slots
 
 
-def read_slots(slots: Sequence[TensorSlot]) -> tuple[Any, ...]:
-    """The slots' current values (one call's extra arguments)."""
+def read_slots(slots: Sequence[TensorSlot], checked: bool = False) -> tuple[Any, ...]:
+    """The slots' current values (one call's extra arguments); ``checked``: first raise
+    SlotsChanged if a function a slot was found through was rebound."""
+    if checked:
+        for s in slots:
+            if s.via:
+                s.check()
     return tuple(s.get() for s in slots)
 
 
