@@ -27,6 +27,9 @@
 #   * At run time the token operands must be tensors (cond refuses ``None`` operands),
 #     so graphs are called with an empty tensor per token (``aotkit_runtime``'s
 #     ``EFFECT_TOKEN``), never ``None``.
+#   * The rule is installed when aotkit_tracing is imported, so every compile key
+#     (the on-disk one reads the kernels registered outside torch) sees it, in the
+#     process that stores an entry and in the one that reads it.
 #   * One effect type only (torch has one, ``ORDERED``). An effectful op the scan cannot
 #     see (reached through a Python function the branch graph does not show) still
 #     makes a token inside the branch, and ``check_no_effects_in_subgraphs`` raises the
@@ -161,7 +164,8 @@ def cond_with_tokens(
 
 def install_cond_effects(inside_a_trace: Callable[[], bool]) -> None:
     """Install ``cond_with_tokens`` as cond's rule for torch's Python functionalization
-    mode, once per process; it defers to torch's rule outside aotkit's compilations."""
+    mode, once per process (when aotkit_tracing is imported); it defers to torch's rule
+    outside aotkit's compilations."""
     if _installed[0]:
         return
     with _install_lock:

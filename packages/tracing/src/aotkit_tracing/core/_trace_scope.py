@@ -78,7 +78,6 @@ def new_compilation() -> Iterator[None]:
     """Open around a whole compilation: a compile nested in a joint trace (an aot_module
     called inside another compiled function) runs its own passes outside the outer
     trace's scope. See Note [Contexts that span the backward trace]."""
-    install_cond_effects(inside_a_trace)  # See Note [Effect tokens through torch.cond]
     scopes = _scopes()
     scopes.append(None)
     # See Note [Compiled functions called while aotkit traces]
@@ -98,6 +97,11 @@ def inside_a_trace() -> bool:
     """Whether a compilation is in progress on this thread. See Note [Compiled functions
     called while aotkit traces]."""
     return COMPILATIONS_IN_PROGRESS[0] > 0 and getattr(_local, "compiling", 0) > 0
+
+
+# at import, before any compile key reads cond's rules: See Note [Effect tokens through
+# torch.cond]
+install_cond_effects(inside_a_trace)
 
 
 @contextlib.contextmanager
