@@ -4,7 +4,7 @@
 # A function that reads or mutates a tensor it does not take as an input (a global of its
 # module, a closure variable: See Note [Tensors captured by closure or global] in
 # aotkit_capture) cannot be traced on fake inputs alone. Dynamo lifts such tensors as
-# graph inputs; so does ``aot_function``, when a trace fails for that reason:
+# graph inputs; so does ``aot_function``, before its first trace:
 #   * The slots: the tensors found in the function's closure cells and in the globals its
 #     code names (nested code included), and the same in the plain functions and
 #     ``functools.partial`` objects those hold (a helper that writes a global of its own
@@ -23,10 +23,12 @@
 #     valid while that variable still holds that function: each call checks it, and a
 #     rebound one finds the slots again and drops the compiled entries (the function
 #     traced may be another one): compiled again, never stale.
-#   * The first failing trace is dropped and the call is made again with the slots;
-#     entries compiled before (calls that never reached the tensors) stay valid for the
-#     call convention they were compiled with, which a lifted call no longer uses. With
-#     no slot found, the error of Note [Tensors captured by closure or global] is raised.
+#   * The slots are found before the first trace (a trace that failed on them could
+#     already have written them: an in-place op on a tensor with no traced operand runs
+#     for real). A trace that still fails for a captured tensor (a global rebound to a
+#     tensor since) looks again: new slots mean the call is made again with them
+#     (``_RetryWithSlots``); none means the error of Note [Tensors captured by closure
+#     or global].
 #   * The tensors of an ``nn.Module`` reached this way are not slots (aot_module lifts
 #     those): the error names them.
 #   * While a trace runs, the slots hold traced tensors: eager code on another thread
