@@ -195,9 +195,11 @@ def test_aot_module_inside_aot_module() -> None:
         torch.testing.assert_close(q.grad, p.grad)
 
 
-# ---- a global tensor mutated inside the function: torch's internal text stays in the chain
+# ---- a global tensor mutated inside the function: lifted as an input (Note [Global tensors
+# lifted as inputs])
 
 _GLOBAL_BUFFER = torch.zeros(3)
+_GLOBAL_SCALE = torch.tensor([1.0, 2.0, 3.0], requires_grad=True)
 
 
 def _adds_to_global(x: torch.Tensor) -> torch.Tensor:
@@ -205,22 +207,126 @@ def _adds_to_global(x: torch.Tensor) -> torch.Tensor:
     return x * 2
 
 
-def test_mutated_global_error_keeps_torch_text_in_the_chain() -> None:
-    from aotkit_capture import CapturedTensorError
+def _helper_writes(x: torch.Tensor) -> None:
+    _GLOBAL_BUFFER.mul_(0.5).add_(x.detach().sin())
 
+
+def _through_helper(x: torch.Tensor) -> torch.Tensor:
+    _helper_writes(x)  # the helper writes the global: found through the callee
+    return (x * _GLOBAL_SCALE).sum() + _GLOBAL_BUFFER.sum()
+
+
+def _closure_state() -> Any:
+    state = torch.ones(3)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        state.mul_(2)
+        return (x * state * _GLOBAL_SCALE).sum()
+
+    return step
+
+
+def _global_run(fn: Any, read: Any) -> list[torch.Tensor]:
+    """Three calls: output, input and captured gradients, and the captured state after;
+    ``_GLOBAL_BUFFER`` is rebound to a fresh tensor first."""
+    global _GLOBAL_BUFFER
+    _GLOBAL_BUFFER = torch.zeros(3)
+    _GLOBAL_SCALE.grad = None
+    got = []
+    for k in range(3):
+        x = torch.linspace(-1.0, 1.0, 3) + k
+        x.requires_grad_()
+        out = fn(x)
+        out.sum().backward()
+        got += [out.detach(), x.grad, read().clone()]
+    scale = _GLOBAL_SCALE.grad
+    return [*got, scale if scale is not None else torch.zeros(0)]
+
+
+@pytest.mark.parametrize("case", ["mutated", "through_helper", "closure"])
+def test_mutated_global_is_lifted(case: str) -> None:
+    """eager's values, gradients (a global parameter's too) and the global after each
+    call; the slot is read on every call, so a global rebound between runs is the one the
+    compiled function reads and writes, never the first one."""
+    if case == "closure":
+        eager_fn, compiled_fn = _closure_state(), _closure_state()  # one state each
+        eager = _global_run(eager_fn, lambda: eager_fn.__closure__[0].cell_contents)
+        compiled = aot_function(compiled_fn, nop)
+        got = _global_run(compiled, lambda: compiled_fn.__closure__[0].cell_contents)
+        torch.testing.assert_close(got, eager)
+        return
+    fn = _adds_to_global if case == "mutated" else _through_helper
+    eager = _global_run(fn, lambda: _GLOBAL_BUFFER)
+    compiled = aot_function(fn, nop)
+    for _ in range(2):  # the second run rebinds the global: no stale read or write
+        torch.testing.assert_close(_global_run(compiled, lambda: _GLOBAL_BUFFER), eager)
+    assert len(compiled._aotkit_cache.entries) == 1
+
+
+def _reads_rebound(x: torch.Tensor) -> torch.Tensor:
+    return x + _GLOBAL_BUFFER
+
+
+def test_rebound_global_of_another_shape_compiles_again() -> None:
+    global _GLOBAL_BUFFER
+    compiled = aot_function(_reads_rebound, nop)
+    for value in (torch.zeros(3), torch.arange(3.0), torch.ones(2, 3)):
+        _GLOBAL_BUFFER = value
+        x = torch.randn(3)
+        torch.testing.assert_close(compiled(x), _reads_rebound(x))
+    assert len(compiled._aotkit_cache.entries) == 2  # the same shape reuses its graph
+
+
+def _make_adder(value: float) -> Any:
+    offset = torch.full((3,), value)
+
+    def add(x: torch.Tensor) -> torch.Tensor:
+        offset.add_(1)
+        return x + offset
+
+    return add
+
+
+_ADDER = _make_adder(0.0)
+
+
+def _calls_adder(x: torch.Tensor) -> torch.Tensor:
+    return _ADDER(x) * 2
+
+
+def test_rebound_function_holding_a_closure_tensor_is_found_again() -> None:
+    """The slot was found through ``_ADDER``; rebinding it finds the new closure's cell
+    and compiles again: never the old closure's tensor."""
+    global _ADDER
+    compiled = aot_function(_calls_adder, nop)
+    for value in (0.0, 10.0, 10.0):
+        _ADDER = _make_adder(value)
+        eager = [_calls_adder(torch.ones(3)), _calls_adder(torch.ones(3))]
+        _ADDER = _make_adder(value)
+        got = [compiled(torch.ones(3)), compiled(torch.ones(3))]
+        torch.testing.assert_close(got, eager)
+        torch.testing.assert_close(_ADDER.__closure__[0].cell_contents, torch.full((3,), value + 2))
+
+
+def test_mutated_global_torch_raises_its_internal_assert() -> None:
     x = torch.randn(3, requires_grad=True)
-    with pytest.raises(CapturedTensorError) as info:
-        aot_function(_adds_to_global, nop)(x)
-    text = str(info.value)
-    assert "mutates a tensor that is not one of its inputs" in text
-    assert "global '_GLOBAL_BUFFER' of _adds_to_global" in text
-    assert "INTERNAL ASSERT" not in text and "report a bug" not in text
-    cause = info.value.__cause__
-    assert isinstance(cause, RuntimeError) and "non-functional tensor" in str(cause)
-    torch.testing.assert_close(_GLOBAL_BUFFER, torch.zeros(3))  # nothing was written
     # torch's AOTAutograd raises its internal assert as the error itself
     with pytest.raises(RuntimeError, match="INTERNAL ASSERT FAILED"):
         torch_aot_function(_adds_to_global, nop)(x)
+
+
+def test_global_module_parameters_still_raise_naming_them() -> None:
+    """A module reached through a global is not lifted (aot_module lifts modules): the
+    error names it and the remedy."""
+    from aotkit_capture import CapturedTensorError
+
+    with pytest.raises(CapturedTensorError, match="aot_module") as info:
+        aot_function(lambda x: _GLOBAL_LINEAR(x), nop)(torch.randn(2, 3))
+    assert "INTERNAL ASSERT" not in str(info.value)
+    assert "non-functional tensor" in str(info.value.__cause__) or info.value.__cause__
+
+
+_GLOBAL_LINEAR = torch.nn.Linear(3, 3)
 
 
 # ---- one loss from a plain output and a TwoTensor output (Note [Subclass gradients of
@@ -383,33 +489,101 @@ def test_inductor_freezing_with_subclass_parameters(monkeypatch: pytest.MonkeyPa
     torch.testing.assert_close(_frozen_run(_FrozenWithSubclass(), compile=True), eager)
 
 
-# ---- an effectful custom op inside torch.cond: a clear error at compile time (Note
-# [Higher-order operators]); eager runs it, and so should aotkit one day
+# ---- an effectful custom op inside torch.cond: tokens threaded through the branches (Note
+# [Effect tokens through torch.cond])
 
 
 def _effect_in_cond(x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
     from _effect_ops import log
 
     out: torch.Tensor = torch.cond(
-        p, lambda x: log(x, "true") * 2, lambda x: log(x, "false") - 1, (x,)
+        p, lambda x: log(x, "true") * x, lambda x: log(x, "false") - 1, (log(x, "before"),)
     )
-    return out.sum()
+    return log(out, "after").sum()
 
 
-@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
-def test_effectful_op_in_cond_raises_a_clear_error(requires_grad: bool) -> None:
+class _EffectInCond(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 3))
+
+    def forward(self, x: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
+        return _effect_in_cond(x * self.w, p)
+
+
+def _effect_cond_run(fn: Any, requires_grad: bool, pred: bool) -> list[Any]:
+    """The side effects (forward, then backward) in order, the output and the gradient."""
     from _effect_ops import LOG
-    from aotkit_capture import UnsupportedHigherOrderOperatorError
 
+    torch.manual_seed(0)
     x = torch.randn(3, requires_grad=requires_grad)
     LOG.clear()
-    _effect_in_cond(x, torch.tensor(True))  # eager runs
-    assert LOG == ["true"]
+    out = fn(x, torch.tensor(pred))
+    got: list[Any] = [list(LOG), out.detach()]
+    if requires_grad:
+        out.backward()
+        got += [list(LOG), x.grad]
+    return got
+
+
+def _effect_cond_compiled(frontend: str) -> Any:
+    from aotkit import aot_module
+
+    if frontend == "aot_function":
+        return aot_function(_effect_in_cond, nop)
+    if frontend == "aot_module":
+        return aot_module(_EffectInCond(), nop)
+    torch._dynamo.reset()
+    return torch.compile(_effect_in_cond, backend="aotkit_eager", fullgraph=True)
+
+
+@pytest.mark.parametrize("frontend", ["aot_function", "aot_module", "aotkit_eager"])
+@pytest.mark.parametrize("requires_grad", [False, True], ids=["inference", "training"])
+def test_effectful_op_in_cond(requires_grad: bool, frontend: str) -> None:
+    """Both branches, twice each from one compiled function: the side effects in eager's
+    order (the branch's op runs again in the backward, as eager's cond recomputes the
+    branch there), eager's output and gradient."""
+    compiled = _effect_cond_compiled(frontend)
+    eager_fn = _EffectInCond() if frontend == "aot_module" else _effect_in_cond
+    for pred in (True, False, True):
+        eager = _effect_cond_run(eager_fn, requires_grad, pred)
+        assert eager[0] == ["before", "true" if pred else "false", "after"]
+        got = _effect_cond_run(compiled, requires_grad, pred)
+        assert got[0] == eager[0] and got[2:3] == eager[2:3]
+        torch.testing.assert_close(got[1::2], eager[1::2])
+    if frontend == "aot_function":
+        assert len(compiled._aotkit_cache.entries) == 1  # one graph for both branches
+        # torch's AOTAutograd fails on this program
+        with pytest.raises(Exception):  # noqa: B017
+            _effect_cond_run(torch_aot_function(_effect_in_cond, nop), requires_grad, True)
+
+
+def test_effectful_op_in_cond_under_inductor_raises_a_clear_error() -> None:
+    """Inductor lowers effect tokens to None, which cannot be a cond operand: a clear
+    error before Inductor runs (Note [Unlifted tokens for Inductor])."""
+    from _effect_ops import LOG
+    from aotkit_backends import TokensThroughHigherOrderOpError, inductor_available
+
+    if not inductor_available():
+        pytest.skip("Inductor cannot compile here")
+    torch._dynamo.reset()
+    compiled = torch.compile(_effect_in_cond, backend="aotkit_inductor", fullgraph=True)
     LOG.clear()
-    with pytest.raises(UnsupportedHigherOrderOperatorError, match="effectful") as info:
-        aot_function(_effect_in_cond, nop)(x, torch.tensor(True))
-    assert "cond" in str(info.value) and "Remedy" in str(info.value)
-    assert LOG == []  # nothing ran: the error comes before any call
-    # torch's AOTAutograd fails too
-    with pytest.raises(Exception):  # noqa: B017
-        torch_aot_function(_effect_in_cond, nop)(x, torch.tensor(True))
+    with pytest.raises(Exception, match="Remedy: compile this function with a non-Inductor") as info:
+        compiled(torch.randn(3), torch.tensor(True))
+    err: BaseException | None = info.value
+    while err is not None and not isinstance(err, TokensThroughHigherOrderOpError):
+        err = err.__cause__ or err.__context__
+    assert err is not None
+    assert LOG == []  # the graph never ran
+
+
+def test_effectful_op_in_cond_outside_aotkit_is_torchs() -> None:
+    """aotkit's cond rule defers to torch's outside aotkit's compilations: torch's
+    AOTAutograd still fails as before once aotkit has compiled such a program."""
+    from _effect_ops import LOG
+
+    _effect_cond_run(aot_function(_effect_in_cond, nop), True, True)
+    LOG.clear()
+    with pytest.raises(AssertionError, match="FakeTensors"):
+        torch_aot_function(_effect_in_cond, nop)(torch.randn(3), torch.tensor(True))

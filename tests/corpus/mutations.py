@@ -25,6 +25,76 @@ case = case_registrar("mutation")
 
 
 
+# ---- global and closure tensors, lifted as inputs (Note [Global tensors lifted as inputs])
+# The factories rebind the globals, so each run (and each call) reads a fresh tensor: a
+# compiled function that kept the first one would be caught. The programs return the
+# globals' values after their mutations, so the harness compares them with eager's.
+
+_GLOBAL_STATE = torch.zeros(4)
+_GLOBAL_WEIGHT = torch.ones(4)
+_GLOBALS_FAIL_IN_TORCH = TorchDiffers(
+    "torch's AOTAutograd fails on a tensor that is not an input", raises=True
+)
+
+
+def _with_fresh_globals(*args):
+    global _GLOBAL_STATE, _GLOBAL_WEIGHT
+    _GLOBAL_STATE = rand(4)
+    _GLOBAL_WEIGHT = rand(4, grad=True)
+    return args
+
+
+@case(
+    inputs=lambda: _with_fresh_globals(rand(4, grad=True)),
+    expect_inputs=(NM, OUT_GRAPH, NM),
+    torch_differs=_GLOBALS_FAIL_IN_TORCH,
+)
+def global_tensor_mutated_and_read(x):
+    _GLOBAL_STATE.mul_(0.5).add_(x.detach())
+    return (x * _GLOBAL_WEIGHT).sin(), _GLOBAL_STATE * 1
+
+
+def _step_global(x):
+    _GLOBAL_STATE.copy_(x.detach().cos())
+
+
+@case(
+    inputs=lambda: _with_fresh_globals(rand(4, grad=True)),
+    expect_inputs=(NM, OUT_GRAPH),
+    torch_differs=_GLOBALS_FAIL_IN_TORCH,
+)
+def global_tensor_mutated_by_a_helper(x):
+    _step_global(x)
+    return x.exp() + _GLOBAL_STATE
+
+
+def _closure_counter():
+    count = torch.zeros(())
+
+    def bump(x):
+        count.add_(1)
+        return x * count, count * 1
+
+    return bump
+
+
+def _fresh_closure(*args):
+    _CLOSURE_BUMP.__closure__[0].cell_contents = torch.zeros(())  # the cell rebound
+    return args
+
+
+@case(
+    inputs=lambda: _fresh_closure(rand(3, grad=True)),
+    expect_inputs=(NM, OUT_GRAPH),
+    torch_differs=_GLOBALS_FAIL_IN_TORCH,
+)
+def closure_tensor_mutated(x):
+    return _CLOSURE_BUMP(x)
+
+
+_CLOSURE_BUMP = _closure_counter()
+
+
 # ---- data mutations --------------------------------------------------------------------
 
 

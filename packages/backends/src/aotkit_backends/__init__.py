@@ -25,8 +25,10 @@ from ._inductor_settings import inductor_settings_key as inductor_settings_key
 from ._nop import nop as nop
 from ._print import make_print_compiler as make_print_compiler
 from ._print import print_compiler as print_compiler
+from ._tokens import TokensThroughHigherOrderOpError as TokensThroughHigherOrderOpError
 
 __all__ = [
+    "TokensThroughHigherOrderOpError",
     "BoxedCallable",
     "GraphRole",
     "InductorSettingsUndescribable",

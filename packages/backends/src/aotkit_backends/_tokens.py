@@ -10,6 +10,11 @@
 # ``with_effects(...)[0]``), and keeps the graph's calling convention around the compiled
 # result: it drops the token arguments and returns ``None`` where the graph returned a
 # token, as torch's runtime passes ``None`` for each token.
+# A token that a ``torch.cond`` takes as an operand (See Note [Effect tokens through
+# torch.cond] in aotkit_tracing) cannot be unlifted: Inductor lowers a token to ``None``,
+# which its cond lowering cannot place on a device. Such a graph raises
+# ``TokensThroughHigherOrderOpError``, naming the cond and the remedy, before Inductor
+# runs.
 """
 
 from __future__ import annotations
@@ -42,6 +47,41 @@ def _is_token_output(node: Any) -> bool:
         return False
     index = node.args[1]
     return isinstance(index, int) and index == 0 and _is_effects(node.args[0])
+
+
+class TokensThroughHigherOrderOpError(NotImplementedError):
+    """An effect token is an operand of a higher-order operator Inductor cannot lower with
+    one. See Note [Unlifted tokens for Inductor]."""
+
+
+TOKENS_THROUGH_HOP_MESSAGE = (
+    "aotkit_inductor cannot compile an effectful operator inside {hop}: the effect "
+    "token threaded through {hop}'s branches (See Note [Effect tokens through "
+    "torch.cond]) would be an operand of {hop}, and Inductor lowers effect tokens to "
+    "None. Remedy: compile this function with a non-Inductor compiler (aot_function's "
+    "nop, torch.compile(backend=\"aotkit_eager\")), or move the effectful call out of "
+    "{hop}."
+)
+
+
+def _check_no_token_operands(gm: torch.fx.GraphModule) -> None:
+    """Raise for a higher-order operator whose subgraphs call ``with_effects``: its
+    tokens are threaded through it as operands."""
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is with_effects:
+            continue
+        if not isinstance(node.target, torch._ops.HigherOrderOperator):
+            continue
+        for arg in node.all_input_nodes:
+            sub = getattr(gm, str(arg.target), None) if arg.op == "get_attr" else None
+            if not isinstance(sub, torch.fx.GraphModule):
+                continue
+            if any(
+                isinstance(m, torch.fx.GraphModule) and any(_is_effects(n) for n in m.graph.nodes)
+                for m in sub.modules()
+            ):
+                hop = f"torch.ops.higher_order.{node.target._name}"
+                raise TokensThroughHigherOrderOpError(TOKENS_THROUGH_HOP_MESSAGE.format(hop=hop))
 
 
 @dataclass(frozen=True)
@@ -78,6 +118,7 @@ def unlift_tokens(gm: torch.fx.GraphModule) -> UnliftedTokens | None:
     """A copy of ``gm`` without token inputs and outputs (None: ``gm`` has none). See Note
     [Unlifted tokens for Inductor]."""
     graph = gm.graph
+    _check_no_token_operands(gm)
     placeholders = list(graph.find_nodes(op="placeholder"))
     token_in = tuple(
         i

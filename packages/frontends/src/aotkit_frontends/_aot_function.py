@@ -56,6 +56,7 @@ from aotkit_frontends.module_state._tensor_attrs import (
 
 from ._disk_cache import disk_cache, disk_identity
 from ._guards import describe_flat_input, input_key
+from ._lifted_globals import SlotsChanged, TensorSlot, lifted, read_slots, tensor_slots
 from ._outputs import OutputLayout, flatten_function
 from ._recompile import log_recompile
 
@@ -113,6 +114,11 @@ def make_config(
 Entry = tuple[Runner, OutputLayout, CompiledArtifacts]
 
 
+class _RetryWithSlots(Exception):
+    """The trace reached global or closure tensors, now lifted: call again with them.
+    See Note [Global tensors lifted as inputs]."""
+
+
 class CompiledCache:
     """Compiled entries of one function, keyed as in Note [Compile cache keys].
 
@@ -149,11 +155,42 @@ class CompiledCache:
         # aot_module: attribute changes replayed after a call (See Note [Plain attributes a
         # forward changes])
         self.effects: ForwardEffects | None = None
+        # aot_function: the global and closure tensors lifted as inputs, and the program
+        # that takes them (See Note [Global tensors lifted as inputs])
+        self.slots: list[TensorSlot] = []
+        self._program: Callable[..., Any] = fn
+        self._slots_checked = False
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if COMPILATIONS_IN_PROGRESS[0] and inside_a_trace():
             # See Note [Compiled functions called while aotkit traces] in aotkit_tracing
             return self.fn(*args, **kwargs)
+        if not self.slots:
+            try:
+                return self._call(args, kwargs)
+            except _RetryWithSlots:
+                pass
+        while True:  # See Note [Global tensors lifted as inputs]
+            try:
+                extra = read_slots(self.slots, checked=True)
+            except SlotsChanged:
+                self._found_again()
+                continue
+            try:
+                return self._call((*args, *extra), kwargs)
+            except _RetryWithSlots:
+                continue
+
+    def _found_again(self) -> None:
+        """A function on the way to a slot was rebound: find the slots again, and compile
+        again. See Note [Global tensors lifted as inputs]."""
+        with COMPILE_LOCK:
+            self.slots = tensor_slots(self.user_fn[0])
+            self._program = lifted(self.fn, self.slots)
+            self._by_key.clear()
+            self._last = None
+
+    def _call(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         flat = not kwargs
         if flat:
             for a in args:
@@ -217,12 +254,30 @@ class CompiledCache:
             key = (*key[:-1], (key[-1][0], attrs.key_of(entry[2])))
         return key, entry
 
+    def _lift(self) -> bool:
+        """Whether the function reaches global or closure tensors not lifted yet, now
+        lifted. See Note [Global tensors lifted as inputs]."""
+        user_fn, skip = self.user_fn
+        if skip or self.module_attrs is not None:
+            return False
+        known = {(id(s.holder), id(s.cell), s.name) for s in self.slots}
+        new = [s for s in tensor_slots(user_fn) if (id(s.holder), id(s.cell), s.name) not in known]
+        if not new:
+            return False
+        self.slots = [*self.slots, *new]
+        self._program = lifted(self.fn, self.slots)
+        return True
+
     def _compile(self, flat_args: list[Any], in_spec: pytree.TreeSpec) -> Entry:
+        if not self._slots_checked:
+            self._slots_checked = True
+            if self._lift():  # before any trace: See Note [Global tensors lifted as inputs]
+                raise _RetryWithSlots()
         check_input_kinds(flat_args, functools.partial(
             describe_flat_input, in_spec, self.cfg.num_params_buffers
         ))
         outputs = OutputLayout()
-        flat_fn = flatten_function(self.fn, in_spec, outputs)
+        flat_fn = flatten_function(self._program, in_spec, outputs)
         # See Note [On-disk compile cache] in aotkit_cache: off unless AOTKIT_CACHE=1 or
         # disk_cache_config says so, and then only with compilers that offer cache keys
         identity = (
@@ -253,6 +308,8 @@ class CompiledCache:
                 message = TENSOR_ATTRIBUTE_MESSAGE.format(names=", ".join(tensor_attrs))
                 raise CapturedTensorError(message) from e
             # See Note [Tensors captured by closure or global]
+            if self._lift():  # a global rebound to a tensor since: lifted too
+                raise _RetryWithSlots() from e
             user_fn, skip = self.user_fn
             raise captured_tensor_error(user_fn, e, skip) from e
         # a trace that read a tensor attribute only for its metadata: See Note [Tensor

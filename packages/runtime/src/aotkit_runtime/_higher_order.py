@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from ._effects import EFFECT_TOKEN
+
 
 @dataclass(frozen=True)
 class HigherOrder:
@@ -125,7 +127,7 @@ def higher_order_grads(
             new = args[i]._version
             if new != old:
                 raise RuntimeError(INPUT_CHANGED.format(i=i, old=old, new=new))
-    call = [None] * ho.num_tokens + list(args)
+    call = [EFFECT_TOKEN] * ho.num_tokens + list(args)
     # the graph holds the forward's casts already: run as compiled graphs run, without
     # autocast (See Note [Compiled graphs run without autocast] in aotkit_tracing)
     with torch.enable_grad(), torch._C._DisableAutocast():

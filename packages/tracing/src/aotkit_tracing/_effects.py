@@ -24,9 +24,11 @@
 #     ``tangents_token``. The backward takes it after the tangents and returns the chain's
 #     end after the gradients; ``meta.num_backward_tokens`` counts them. Forward tokens
 #     are never saved for the backward.
-#   * Runtime (``aotkit_runtime.forward_with_tokens``/``backward_with_tokens``): like
-#     torch, every call passes ``None`` for each token (``with_effects`` ignores its value;
-#     the order lives in the graph) and drops the returned tokens, so tokens never reach
+#   * Runtime (``aotkit_runtime.forward_with_tokens``/``backward_with_tokens``): every
+#     call passes an empty tensor for each token (``with_effects`` ignores its value; the
+#     order lives in the graph; torch passes ``None``, which a cond that threads the token
+#     refuses: See Note [Effect tokens through torch.cond]) and drops the returned tokens,
+#     so tokens never reach
 #     the user's outputs, the autograd.Function, the partition's saved values or the
 #     epilogue. Each effectful op runs once per call: forward effects in the forward,
 #     backward effects in the backward, in program order.

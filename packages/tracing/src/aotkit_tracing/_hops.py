@@ -50,19 +50,22 @@
 #   * A HOP that torch cannot trace in a mode aotkit uses raises an error that names the
 #     HOP and what to do (``UnsupportedHigherOrderOperator``), never a bare dispatcher
 #     message.
-#   * An effectful op (Note [Effect tokens]) inside a HOP's subgraph (``torch.cond``'s
-#     branch calling an op registered with ``_register_effectful_op``) gets a token made
-#     inside the subgraph: the traced graph holds it as a fake constant, its effect is
-#     not ordered with the graph's own chain, and the graph fails when it runs (an
-#     internal "Please convert all Tensors to FakeTensors" assertion, or a backward that
-#     misses its token). ``check_no_effects_in_subgraphs`` raises at compile time
-#     instead, naming the HOP and the op (``UnsupportedHigherOrderOperator``); a joint
-#     trace whose HOP backward fails for the missing ``tangents_token`` raises the same
-#     error (``effects_in_subgraph_error``). torch's AOTAutograd fails these programs too.
+#   * An effectful op (Note [Effect tokens]) inside ``torch.cond``'s branches gets the
+#     graph's token threaded through the cond (See Note [Effect tokens through
+#     torch.cond]). Inside another HOP's subgraph (or one the branch scan cannot see) it
+#     gets a token made inside the subgraph: the traced graph holds it as a fake
+#     constant, its effect is not ordered with the graph's own chain, and the graph
+#     fails when it runs (an internal "Please convert all Tensors to FakeTensors"
+#     assertion, or a backward that misses its token). ``check_no_effects_in_subgraphs``
+#     raises at compile time instead, naming the HOP and the op
+#     (``UnsupportedHigherOrderOperator``); a joint trace whose HOP backward fails for the
+#     missing ``tangents_token`` raises the same error (``effects_in_subgraph_error``).
+#     torch's AOTAutograd fails these programs too.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -155,9 +158,27 @@ EFFECT_IN_SUBGRAPH_MESSAGE = (
 )
 
 
+def _threaded_token(token: Any) -> bool:
+    """Whether a subgraph's ``with_effects`` token is threaded in: the subgraph's own
+    placeholder, or the chain from it. See Note [Effect tokens through torch.cond]."""
+    while isinstance(token, torch.fx.Node):
+        if token.op == "placeholder":
+            return True
+        if token.op != "call_function" or token.target is not operator.getitem:
+            return False
+        source = token.args[0]
+        if not (isinstance(source, torch.fx.Node) and token.args[1] == 0):
+            return False
+        if source.target is not torch.ops.higher_order.with_effects:
+            return False
+        token = source.args[0]
+    return False
+
+
 def check_no_effects_in_subgraphs(gm: torch.fx.GraphModule) -> None:
     """Raise UnsupportedHigherOrderOperatorError for an effectful op traced inside a HOP's
-    subgraph. See Note [Higher-order operators]."""
+    subgraph whose token is not threaded through the HOP. See Note [Higher-order
+    operators] and Note [Effect tokens through torch.cond]."""
     with_effects = torch.ops.higher_order.with_effects
     for node in gm.graph.nodes:
         if node.op != "call_function" or not isinstance(node.target, torch._ops.HigherOrderOperator):
@@ -171,7 +192,11 @@ def check_no_effects_in_subgraphs(gm: torch.fx.GraphModule) -> None:
             if not isinstance(sub, torch.fx.GraphModule):
                 continue
             for inner in sub.graph.nodes:
-                if inner.op == "call_function" and inner.target is with_effects:
+                if (
+                    inner.op == "call_function"
+                    and inner.target is with_effects
+                    and not _threaded_token(inner.args[0])
+                ):
                     hop = f"torch.ops.higher_order.{node.target._name}"
                     raise UnsupportedHigherOrderOperatorError(
                         EFFECT_IN_SUBGRAPH_MESSAGE.format(

@@ -15,7 +15,10 @@
 # their plain attributes, named by path such as ``self.sub.last``) and the remedy: pass
 # them as inputs, register them as buffers, or compile the module with aot_module, which
 # lifts parameters and buffers (and tensors held directly in plain attributes: See Note
-# [Tensor attributes of aot_module's modules] in aotkit_frontends).
+# [Tensor attributes of aot_module's modules] in aotkit_frontends). ``aot_function`` lifts
+# the global and closure tensors it finds as inputs instead (See Note [Global tensors
+# lifted as inputs] in aotkit_frontends); the error remains for the tensors of modules
+# reached that way, for aot_module's forward, and for tensors it cannot find.
 """
 
 from __future__ import annotations

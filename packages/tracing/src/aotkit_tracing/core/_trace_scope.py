@@ -44,6 +44,8 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+from .._cond_effects import install_cond_effects
+
 _local = threading.local()
 # compilations in progress on any thread; See Note [Compiled functions called while aotkit
 # traces]
@@ -95,6 +97,11 @@ def inside_a_trace() -> bool:
     """Whether a compilation is in progress on this thread. See Note [Compiled functions
     called while aotkit traces]."""
     return COMPILATIONS_IN_PROGRESS[0] > 0 and getattr(_local, "compiling", 0) > 0
+
+
+# at import, before any compile key reads cond's rules: See Note [Effect tokens through
+# torch.cond]
+install_cond_effects(inside_a_trace)
 
 
 @contextlib.contextmanager
