@@ -160,6 +160,9 @@ class CompiledCache:
         self.slots: list[TensorSlot] = []
         self._program: Callable[..., Any] = fn
         self._slots_checked = False
+        # the error of the first trace with lifted slots: set, the function runs with its
+        # tensors captured as before (See Note [Global tensors lifted as inputs])
+        self._lift_error: Exception | None = None
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if COMPILATIONS_IN_PROGRESS[0] and inside_a_trace():
@@ -258,7 +261,7 @@ class CompiledCache:
         """Whether the function reaches global or closure tensors not lifted yet, now
         lifted. See Note [Global tensors lifted as inputs]."""
         user_fn, skip = self.user_fn
-        if skip or self.module_attrs is not None:
+        if skip or self.module_attrs is not None or self._lift_error is not None:
             return False
         known = {(id(s.holder), id(s.cell), s.name) for s in self.slots}
         new = [s for s in tensor_slots(user_fn) if (id(s.holder), id(s.cell), s.name) not in known]
@@ -296,6 +299,11 @@ class CompiledCache:
                     flat_fn, flat_args, self.cfg, cache=disk_cache(identity, sidecar)
                 )
         except Exception as e:
+            if self.slots and self._lift_error is None and not isinstance(e, _RetryWithSlots):
+                # See Note [Global tensors lifted as inputs]: traced again, unlifted
+                self._lift_error = e
+                self.slots, self._program = [], self.fn
+                raise _RetryWithSlots() from e
             attrs = self.module_attrs
             # See Note [Tensor attributes of aot_module's modules]
             if attrs is not None and attrs.take_tensor_reads():

@@ -29,6 +29,11 @@
 #     tensor since) looks again: new slots mean the call is made again with them
 #     (``_RetryWithSlots``); none means the error of Note [Tensors captured by closure
 #     or global].
+#   * A trace with the slots lifted that fails (``torch.set_rng_state`` of a state
+#     tensor made outside needs the real tensor, not a traced one) is made once more
+#     with none lifted, as before lifting: a tensor that is only read is then a
+#     constant of the graph, and one that is written gives the error of Note [Tensors
+#     captured by closure or global]. The function is never lifted again.
 #   * The tensors of an ``nn.Module`` reached this way are not slots (aot_module lifts
 #     those): the error names them.
 #   * While a trace runs, the slots hold traced tensors: eager code on another thread
