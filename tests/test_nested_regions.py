@@ -5,10 +5,10 @@ boundaries] in aotkit_partitioners)."""
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import torch
-import importlib
 from aotkit import aot_autograd
 from aotkit_partitioners import min_cut_rematerialization_partition, region_partition_count
 

@@ -180,7 +180,7 @@ def partition_region_boundaries(
         fw_name, bw_name, n_in, n_out, n_saved, n_sym = done[key]
         new_fw, new_bw = getattr(gm, fw_name), getattr(gm, bw_name)
         call = new_call(fw, fw_name, new_fw, list(fw.args[2:]))
-        extras = []
+        extras: list[torch.fx.Node] = []
         with gm.graph.inserting_after(call):
             for i in reversed(range(n_out, n_out + n_saved + n_sym)):
                 item = gm.graph.call_function(operator.getitem, (call, i))
