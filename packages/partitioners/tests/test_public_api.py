@@ -19,7 +19,9 @@ PUBLIC = [
     "get_partitioner",
     "memory_budget_partition",
     "min_cut_rematerialization_partition",
+    "partition_region_boundaries",
     "partition_report",
+    "region_partition_count",
     "register_partitioner",
     "unregister_partitioner",
 ]

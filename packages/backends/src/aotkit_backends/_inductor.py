@@ -348,11 +348,27 @@ def _copy_flat(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     _drop_detaches(graph)
     flat_gm = torch.fx.GraphModule(gm, graph)
     if any(n.op == "get_attr" for n in graph.nodes):
+        # Inductor's post-grad passes rewrite a HOP's subgraphs in place too (an addmm
+        # fused into a region's backward): it gets copies, the caller keeps its graphs
+        _copy_subgraphs(flat_gm)
         # Inductor lowers a HOP to fewer outputs than its fake kernel returns (flex_attention
         # on CPU): unused getitems of it must not reach the lowering.
         flat_gm.graph.eliminate_dead_code()
         flat_gm.recompile()
     return flat_gm
+
+
+def _copy_subgraphs(gm: torch.fx.GraphModule) -> None:
+    """Replace every GraphModule child of ``gm`` (HOP subgraphs, nested ones too) by a
+    copy, one per child, so that passes on ``gm`` leave the original subgraphs alone."""
+    for name, child in list(gm.named_children()):
+        if isinstance(child, torch.fx.GraphModule):
+            graph = torch.fx.Graph()
+            graph.output(graph.graph_copy(child.graph, {}))
+            copied = torch.fx.GraphModule(child, graph)
+            copied.meta = dict(child.meta)
+            _copy_subgraphs(copied)
+            setattr(gm, name, copied)
 
 
 # Note [Inductor's copy has no detach nodes]

@@ -9,6 +9,8 @@ from ._cse import cse as cse
 from ._default import default_partition as default_partition
 from ._extract import PartitionError as PartitionError
 from ._mincut import min_cut_rematerialization_partition as min_cut_rematerialization_partition
+from ._regions import partition_region_boundaries as partition_region_boundaries
+from ._regions import region_partition_count as region_partition_count
 from ._registry import ENTRY_POINT_GROUP as ENTRY_POINT_GROUP
 from ._registry import UnknownPartitionerError as UnknownPartitionerError
 from ._registry import available_partitioners as available_partitioners
@@ -30,7 +32,9 @@ __all__ = [
     "get_partitioner",
     "memory_budget_partition",
     "min_cut_rematerialization_partition",
+    "partition_region_boundaries",
     "partition_report",
+    "region_partition_count",
     "register_partitioner",
     "unregister_partitioner",
 ]

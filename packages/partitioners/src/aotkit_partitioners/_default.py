@@ -12,6 +12,7 @@ from aotkit_schemas import is_sym_node, mark_cache_key
 from ._extract import build_modules
 from ._joint import JointInfo, analyze_joint, forward_available, is_primal, sorted_nodes
 from ._ops import ban_reason, is_random, must_recompute, mutated_readers
+from ._regions import partition_region_boundaries
 from ._rng import functional_rng, replay_recomputed_rng_inplace
 
 
@@ -141,6 +142,10 @@ def default_partition(
     function can stand in for torch's ``default_partition``.
     """
     del joint_inputs, kwargs
+    # See Note [Partitioning at region boundaries]
+    joint_module = partition_region_boundaries(
+        joint_module, default_partition, functionalize_rng=functionalize_rng
+    )
     info = analyze_joint(joint_module, num_fwd_outputs)
     fw_nodes = forward_region(info)
     read = saved_values(info, fw_nodes)

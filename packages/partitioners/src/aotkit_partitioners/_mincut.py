@@ -69,6 +69,7 @@ from ._ops import (
     must_recompute,
     mutated_readers,
 )
+from ._regions import partition_region_boundaries
 from ._rng import functional_rng, replay_recomputed_rng_inplace, rng_state_bytes
 
 _SOURCE = -1
@@ -481,6 +482,12 @@ def min_cut_rematerialization_partition(
     arguments are accepted for compatibility with torch's signature and ignored.
     """
     del joint_inputs, compiler, kwargs
+    # See Note [Partitioning at region boundaries]
+    joint_module = partition_region_boundaries(
+        joint_module, min_cut_rematerialization_partition, functionalize_rng=functionalize_rng,
+        ban_recompute_materialized_backward=ban_recompute_materialized_backward,
+        ban_recompute_used_far_apart=ban_recompute_used_far_apart,
+    )
     info = prepare_joint(joint_module, num_fwd_outputs)
     problem = build_problem(
         info,

@@ -36,6 +36,13 @@
 #     the subgraph modules, and aotkit_inductor hands graphs with subgraphs to Inductor
 #     as they are, dead nodes removed (Inductor lowers flex_attention on CPU to fewer
 #     outputs than the fake kernel's getitems read).
+#   * ``invoke_subgraph`` (``nested_compile_region``) is the exception to "ordinary nodes":
+#     its autograd kernel leaves in the joint a backward call whose subgraph is the region's
+#     whole joint, and the partitioners first split every such pair at the region boundary,
+#     once per distinct region (See Note [Partitioning at region boundaries] in
+#     aotkit_partitioners). torch's per-identifier caches (the region's forward, its lazy
+#     backward keyed on the tangents' metadata) live in dynamo's TracingContext: under
+#     torch.compile each distinct region's joint is traced once.
 #   * ``while_loop``'s fake kernel needs a ShapeEnv even when every shape is static (it
 #     creates unbacked ints for carried values). aot_function's fake mode has none for
 #     static shapes (torch's aot_function fails there with an AttributeError), so a trace
