@@ -45,6 +45,10 @@ from aotkit_schemas import InputAliasInfo as InputAliasInfo
 from aotkit_schemas import MutationType as MutationType
 from aotkit_schemas import OutputAliasInfo as OutputAliasInfo
 from aotkit_schemas import OutputType as OutputType
+from aotkit_regions import dedup_regions as dedup_regions
+from aotkit_regions import mark_repeated_blocks as mark_repeated_blocks
+from aotkit_regions import set_dedup_regions as set_dedup_regions
+from aotkit_regions import unmark_repeated_blocks as unmark_repeated_blocks
 from aotkit_schemas import ViewAndMutationMeta as ViewAndMutationMeta
 from aotkit_schemas import functionalize_rng as functionalize_rng
 from aotkit_schemas import set_functionalize_rng as set_functionalize_rng
@@ -60,6 +64,10 @@ if "torch._dynamo" in sys.modules:
     register_dynamo_backends()
 
 __all__ = [
+    "dedup_regions",
+    "mark_repeated_blocks",
+    "set_dedup_regions",
+    "unmark_repeated_blocks",
     "AOTCompileError",
     "AOTConfig",
     "AOTExportError",
