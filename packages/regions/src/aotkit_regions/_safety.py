@@ -113,17 +113,18 @@ def _node_refusal(n: torch.fx.Node) -> str | None:
 def refusal(region: Region) -> str | None:
     """Why ``region`` must not be shared, or None. See Note [Regions that are not shared].
     ``region`` is bound (``Region.bind``)."""
-    if not region.contiguous:
-        return "other operations are interleaved with its own"
-    for n in region.nodes:
-        reason = _node_refusal(n)
-        if reason is not None:
-            return reason
-    if not region.outputs:
-        return "nothing outside reads what it computes"
     for inp in region.inputs:
         if inp.op == "placeholder" and "_buffers_" in inp.name:
             return f"it reads a module buffer ({inp.target})"
+    for n in region.nodes:  # the whole span, interleaved nodes included
+        reason = _node_refusal(n)
+        if reason is not None:
+            return reason
+    if not region.contiguous:
+        return "other operations are interleaved with its own"
+    if not region.outputs:
+        return "nothing outside reads what it computes"
+    for inp in region.inputs:
         if not isinstance(inp.meta.get("example_value"), torch.Tensor):
             return f"it reads a non-tensor value ({inp.name})"
     inputs = {_storage(i.meta.get("example_value")) for i in region.inputs}
