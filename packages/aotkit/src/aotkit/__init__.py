@@ -38,6 +38,10 @@ from aotkit_partitioners import (
     min_cut_rematerialization_partition as min_cut_rematerialization_partition,
 )
 from aotkit_partitioners import register_partitioner as register_partitioner
+from aotkit_regions import dedup_regions as dedup_regions
+from aotkit_regions import mark_repeated_blocks as mark_repeated_blocks
+from aotkit_regions import set_dedup_regions as set_dedup_regions
+from aotkit_regions import unmark_repeated_blocks as unmark_repeated_blocks
 from aotkit_schemas import AOTConfig as AOTConfig
 from aotkit_schemas import BackwardSignature as BackwardSignature
 from aotkit_schemas import GraphSignature as GraphSignature
@@ -45,10 +49,6 @@ from aotkit_schemas import InputAliasInfo as InputAliasInfo
 from aotkit_schemas import MutationType as MutationType
 from aotkit_schemas import OutputAliasInfo as OutputAliasInfo
 from aotkit_schemas import OutputType as OutputType
-from aotkit_regions import dedup_regions as dedup_regions
-from aotkit_regions import mark_repeated_blocks as mark_repeated_blocks
-from aotkit_regions import set_dedup_regions as set_dedup_regions
-from aotkit_regions import unmark_repeated_blocks as unmark_repeated_blocks
 from aotkit_schemas import ViewAndMutationMeta as ViewAndMutationMeta
 from aotkit_schemas import functionalize_rng as functionalize_rng
 from aotkit_schemas import set_functionalize_rng as set_functionalize_rng

@@ -31,14 +31,8 @@ _MARK = "_aotkit_region_marked"
 
 
 def _has_hooks(m: nn.Module) -> bool:
-    return any(
-        bool(getattr(m, name, None))
-        for name in (
-            "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks",
-            "_state_dict_hooks", "_forward_hooks_with_kwargs",
-        )
-        if name not in ("_state_dict_hooks", "_forward_hooks_with_kwargs")
-    )
+    names = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    return any(bool(getattr(m, name, None)) for name in names)
 
 
 def _unmarkable(m: nn.Module) -> str | None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -172,6 +172,10 @@ def _split_by_targets(sig: str, group: list[Region]) -> list[tuple[str, list[Reg
     ]
 
 
+def _outside(inside: set[torch.fx.Node]) -> Callable[[torch.fx.Node], bool]:
+    return lambda user: user not in inside
+
+
 def _build_subgraph(region: Region) -> torch.fx.GraphModule:
     graph = torch.fx.Graph()
     env: dict[torch.fx.Node, torch.fx.Node] = {}
@@ -210,7 +214,7 @@ def _rewrite(
             for k, o in enumerate(r.outputs):
                 item = graph.call_function(operator.getitem, (call, k))
                 item.meta = dict(o.meta)
-                o.replace_all_uses_with(item, delete_user_cb=lambda u, inside=inside: u not in inside)
+                o.replace_all_uses_with(item, delete_user_cb=_outside(inside))
                 replaced[o] = item
         for n in reversed(r.nodes):
             graph.erase_node(n)

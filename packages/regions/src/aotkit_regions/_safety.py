@@ -65,7 +65,7 @@ def _storage(v: Any) -> Any:
     if not isinstance(v, torch.Tensor):
         return None
     try:
-        return StorageWeakRef(v.untyped_storage())
+        return StorageWeakRef(v.untyped_storage())  # type: ignore[no-untyped-call]
     except Exception:  # a tensor without storage (sparse): cannot alias-check it
         return "unknown"
 
@@ -81,7 +81,7 @@ def _node_refusal(n: torch.fx.Node) -> str | None:
         return "a module hook runs inside it"
     target = n.target
     if isinstance(target, torch._ops.HigherOrderOperator):
-        hop = target.name()
+        hop = str(target._name)
         if hop == "tag_activation_checkpoint":
             return "it holds a checkpointed block (torch.utils.checkpoint)"
         return f"it holds the higher-order operator {hop}"
