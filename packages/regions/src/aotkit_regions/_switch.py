@@ -10,8 +10,8 @@
 # shallower models compile as before, op for op. Regions of fewer than 4 operations are
 # never shared (a lone Linear costs more as a call than as its retrace).
 #
-# Until aotkit traces every shared region's backward (part A of issue 36), sharing is
-# off unless asked for. ``AOTKIT_DEDUP_REGIONS`` sets the default when aotkit is imported: ``0`` turns sharing
+# Until aotkit traces an invoke_subgraph once per identifier (part A of issue 36), sharing
+# does not pay yet and is off unless asked for. ``AOTKIT_DEDUP_REGIONS`` sets the default when aotkit is imported: ``0`` turns sharing
 # off, ``1`` turns it on with the default threshold, ``N >= 2`` sets the threshold to N.
 # ``set_dedup_regions(value)`` changes it for the process; ``with dedup_regions(value):``
 # for a block (a context variable: other threads keep theirs). ``value`` is False/True
@@ -54,8 +54,9 @@ def _threshold(value: bool | int | str) -> int:
     return DEFAULT_MIN_REPEATS if value == 1 else int(value)
 
 
-# off by default for now: aotkit's backward of invoke_subgraph fails on a Llama decoder
-# layer (a None gradient reaches an add; torch's aot_eager runs the same rewritten graph).
+# off by default for now: measured (tools/bench/regions_depth.py, AOTKIT_CACHE=0) the AOT
+# layer is still slower with sharing (Llama 8 layers 1.18x), until aotkit traces an
+# invoke_subgraph once per identifier (part A of issue 36). Turn on with =1 or N.
 _PROCESS = [_threshold(os.environ.get(ENV_VAR, "0"))]
 _SCOPED: contextvars.ContextVar[int | None] = contextvars.ContextVar(
     "aotkit_dedup_regions", default=None
