@@ -44,6 +44,10 @@ from aotkit_partitioners import (
     min_cut_rematerialization_partition as min_cut_rematerialization_partition,
 )
 from aotkit_partitioners import register_partitioner as register_partitioner
+from aotkit_regions import dedup_regions as dedup_regions
+from aotkit_regions import mark_repeated_blocks as mark_repeated_blocks
+from aotkit_regions import set_dedup_regions as set_dedup_regions
+from aotkit_regions import unmark_repeated_blocks as unmark_repeated_blocks
 from aotkit_schemas import AOTConfig as AOTConfig
 from aotkit_schemas import BackwardSignature as BackwardSignature
 from aotkit_schemas import GraphSignature as GraphSignature
@@ -72,6 +76,10 @@ __all__ = [
     "aot_compile_joint_with_descriptors",
     "aot_export_joint_with_descriptors",
     "JointPassError",
+    "dedup_regions",
+    "mark_repeated_blocks",
+    "set_dedup_regions",
+    "unmark_repeated_blocks",
     "AOTCompileError",
     "AOTConfig",
     "AOTExportError",

@@ -61,6 +61,7 @@ from .compile._gc import CollectionPause as CollectionPause
 from .compile._logs import log_restored_partition as log_restored_partition
 from .compile._paths import notify_compiled as notify_compiled
 from .compile._paths import record_compilations as record_compilations
+from .compile._paths import refuse_single_pass as refuse_single_pass
 from .compile._shape_guards import ShapeGuard as ShapeGuard
 from .export._export_trace import AOTExportError as AOTExportError
 from .export._export_trace import TracedGraphs as TracedGraphs
@@ -147,6 +148,7 @@ __all__ = [
     "log_restored_partition",
     "notify_compiled",
     "record_compilations",
+    "refuse_single_pass",
     "retrace_flat",
     "saved_tensors_hooks_key",
     "set_model_name",

@@ -28,8 +28,14 @@ import torch
 import torch._functorch.config as functorch_config
 import torch.fx
 import torch.nn as nn
-from aotkit_capture import call_preserving_node_meta, compile_flat, entered_until_backward_traced
+from aotkit_capture import (
+    call_preserving_node_meta,
+    compile_flat,
+    entered_until_backward_traced,
+    refuse_single_pass,
+)
 from aotkit_partitioners import default_partition
+from aotkit_regions import has_invoke_subgraph, share_repeated_regions
 from aotkit_schemas import (
     BufferAOTInput,
     ParamAOTInput,
@@ -168,6 +174,22 @@ def _inner_tensors(t: Any) -> list[Any]:
     return [inner for name in attrs for inner in _inner_tensors(getattr(t, name))]
 
 
+INVOKE_SUBGRAPH_REASON = "the higher-order operator invoke_subgraph needs the Python functionalization mode"
+
+
+def _share_regions(mod: nn.Module) -> str | None:
+    """Share the repeated regions of dynamo's graph (See Note [Sharing repeated regions]
+    in aotkit_regions); the reason the single pass is skipped when the graph then calls
+    invoke_subgraph (it cannot trace one: See Note [Higher-order operators] in
+    aotkit_tracing), else None."""
+    gm = mod.gm if _is_gm_wrapper(mod) else mod
+    if not isinstance(gm, torch.fx.GraphModule):
+        return None
+    if "dynamo_compile_id" in gm.meta:
+        share_repeated_regions(gm)
+    return INVOKE_SUBGRAPH_REASON if has_invoke_subgraph(gm.graph) else None
+
+
 def aot_module_simplified(
     mod: nn.Module,
     args: Sequence[Any],
@@ -210,6 +232,7 @@ def aot_module_simplified(
     another offset) runs the module eagerly; see Note [Runtime checks of the input layout].
     """
     del compiler_config_extra, compile_region_name, cudagraphs
+    single_pass_refusal = _share_regions(mod)
     # See Note [Pre-grad passes after the cache lookup]
     late_passes = None
     if pre_grad_passes is not None and isinstance(mod, torch.fx.GraphModule):
@@ -277,10 +300,11 @@ def aot_module_simplified(
     identity = fingerprint_or_none(mod) if disk_cache_enabled(_DISK_CACHE_DEFAULT.get()) else None
     if late_passes is not None:
         identity = passes_identity(identity, late_passes)
-    runner, artifacts = compile_flat(
-        functional_call, full_args, cfg, cache=disk_cache(identity, outputs),
-        before_trace=before_trace,
-    )
+    with refuse_single_pass(single_pass_refusal):
+        runner, artifacts = compile_flat(
+            functional_call, full_args, cfg, cache=disk_cache(identity, outputs),
+            before_trace=before_trace,
+        )
     # See Note [Runtime checks of aot_module_simplified]
     register_duplicate_guards(artifacts.layout, sources)
     checks = [duplicate_input_check(artifacts.layout, cfg)]

@@ -6,7 +6,7 @@
 # printed when asked for by name:
 #
 #     stage loggers   aotkit.capture  aotkit.partition  aotkit.compile  aotkit.runtime
-#                     aotkit.cache    aotkit.guards
+#                     aotkit.cache    aotkit.guards  aotkit.regions (repeated regions shared)
 #     artifacts       graphs      -> aotkit.capture.graphs     forward/backward/inference graphs
 #                     joint       -> aotkit.capture.joint      the joint graph
 #                     partition   -> aotkit.partition          the partition report
@@ -39,7 +39,9 @@ from torch._logging._internal import log_state
 ROOT = "aotkit"
 ENV_VAR = "AOTKIT_LOGS"
 
-STAGES: tuple[str, ...] = ("capture", "partition", "compile", "runtime", "cache", "guards")
+STAGES: tuple[str, ...] = (
+    "capture", "partition", "compile", "runtime", "cache", "guards", "regions"
+)
 # artifact name -> logger name; See Note [aotkit loggers]
 ARTIFACTS: dict[str, str] = {
     "graphs": "aotkit.capture.graphs",

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -30,6 +31,23 @@ from aotkit_runtime import is_subclass
 from aotkit_schemas import AOTConfig, OutputType, ViewAndMutationMeta
 
 _RECORDERS: list[list[Any]] = []
+_SINGLE_PASS_REFUSED: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "aotkit_single_pass_refused", default=None
+)
+
+
+@contextlib.contextmanager
+def refuse_single_pass(reason: str | None) -> Iterator[None]:
+    """Compilations inside the block skip the single pass, for ``reason`` (a frontend that
+    knows the program holds what the single pass cannot trace, such as the
+    ``invoke_subgraph`` calls of shared regions, says so before tracing rather than after
+    a failed attempt). None changes nothing. See Note [Why a graph took the path it took]."""
+    token = _SINGLE_PASS_REFUSED.set(reason) if reason is not None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _SINGLE_PASS_REFUSED.reset(token)
 
 
 @contextlib.contextmanager
@@ -60,6 +78,8 @@ def single_pass_blocker(
     """Why Note [Single-pass joint trace] is not tried (None: it is): it takes training
     calls (grad mode on, an input requiring grad) with static shapes and no duplicated
     inputs or inputs sharing memory, outside export."""
+    if (refused := _SINGLE_PASS_REFUSED.get()) is not None:
+        return refused
     if shape_env is not None and _has_symbolic_sizes(flat_args):
         return "dynamic shapes"
     if cfg.is_export:
