@@ -14,6 +14,7 @@ def test_all() -> None:
         "GraphRole",
         "InductorSettingsUndescribable",
         "InductorUnavailableError",
+        "TokensThroughHigherOrderOpError",
         "graph_function",
         "inductor_available",
         "inductor_compiler",

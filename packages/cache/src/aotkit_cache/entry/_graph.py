@@ -373,8 +373,11 @@ def _descriptor_from_json(node: torch.fx.Node, raw: Any) -> None:
         if node.op == "output":
             if type(raw) is not list:
                 raise ValueError("the output's descriptors must be a list")
-            node.meta["desc"] = [descriptor_from_json(x) for x in raw]
+            desc: Any = [descriptor_from_json(x) for x in raw]
         else:
-            node.meta["desc"] = descriptor_from_json(raw)
+            desc = descriptor_from_json(raw)
     except ValueError as e:
         raise CacheFormatError(f"bad descriptor of node {node.name}: {e}") from e
+    # not node.meta[...] = ...: that would build the deferred value (See Note [Lazy node
+    # values of restored graphs])
+    put_meta(node, "desc", desc)
