@@ -3,6 +3,8 @@ bitwise equal to eager; refusals named; a differing block alone; the switch off.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -77,6 +79,29 @@ def test_repeated_blocks_shared_bitwise() -> None:
     assert [p.rsplit(".", 1)[-1] for p in paths] == ["0", "1", "2", "3"]
     (ident,) = report.shared
     assert ident.startswith("aotkit_region_")
+
+
+def test_region_schema_generated_once_per_distinct_call(monkeypatch: Any) -> None:
+    # See Note [Region schemas generated once] in aotkit_regions: torch's autograd rule
+    # asks for invoke_subgraph's schema on every training call; six shared blocks, bitwise
+    # equal to eager (checked by _run), trace the block for its schema once per distinct
+    # call, not once per block
+    hop_type = type(torch.ops.higher_order.invoke_subgraph)
+    original = hop_type.gen_schema
+    calls: list[str] = []
+
+    def counted(self: Any, subgraph: Any, identifier: Any, *operands: Any) -> Any:
+        calls.append(identifier)
+        return original(self, subgraph, identifier, *operands)
+
+    monkeypatch.setattr(hop_type, "gen_schema", counted)
+    torch.manual_seed(0)
+    (report,) = _run(Net(6))
+    (paths,) = report.shared.values()
+    assert len(paths) == 6
+    # one schema per distinct call (the region, and the forward and backward graphs torch
+    # derives from it), not one per block
+    assert calls and len(calls) == len(set(calls)), calls
 
 
 def test_differing_block_alone() -> None:

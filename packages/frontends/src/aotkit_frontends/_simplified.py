@@ -35,7 +35,7 @@ from aotkit_capture import (
     refuse_single_pass,
 )
 from aotkit_partitioners import default_partition
-from aotkit_regions import has_invoke_subgraph, share_repeated_regions
+from aotkit_regions import has_invoke_subgraph, region_schemas, share_repeated_regions
 from aotkit_schemas import (
     BufferAOTInput,
     ParamAOTInput,
@@ -300,7 +300,9 @@ def aot_module_simplified(
     identity = fingerprint_or_none(mod) if disk_cache_enabled(_DISK_CACHE_DEFAULT.get()) else None
     if late_passes is not None:
         identity = passes_identity(identity, late_passes)
-    with refuse_single_pass(single_pass_refusal):
+    # See Note [Region schemas generated once] in aotkit_regions
+    schemas = region_schemas() if single_pass_refusal is not None else contextlib.nullcontext()
+    with refuse_single_pass(single_pass_refusal), schemas:
         runner, artifacts = compile_flat(
             functional_call, full_args, cfg, cache=disk_cache(identity, outputs),
             before_trace=before_trace,

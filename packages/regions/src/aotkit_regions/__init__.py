@@ -2,7 +2,8 @@
 each distinct region is traced, partitioned and compiled once.
 
 See Note [Repeated regions], Note [Regions that are not shared], Note [Sharing repeated
-regions], Note [When sharing pays] and Note [Marking repeated blocks].
+regions], Note [When sharing pays], Note [Marking repeated blocks] and Note [Region schemas
+generated once].
 """
 
 from ._find import Region as Region
@@ -12,6 +13,7 @@ from ._rewrite import RegionReport as RegionReport
 from ._rewrite import has_invoke_subgraph as has_invoke_subgraph
 from ._rewrite import record_region_reports as record_region_reports
 from ._rewrite import share_repeated_regions as share_repeated_regions
+from ._schemas import region_schemas as region_schemas
 from ._switch import DEFAULT_MIN_REPEATS as DEFAULT_MIN_REPEATS
 from ._switch import ENV_VAR as ENV_VAR
 from ._switch import dedup_regions as dedup_regions
@@ -28,6 +30,7 @@ __all__ = [
     "mark_repeated_blocks",
     "min_repeats",
     "record_region_reports",
+    "region_schemas",
     "set_dedup_regions",
     "share_repeated_regions",
     "unmark_repeated_blocks",
