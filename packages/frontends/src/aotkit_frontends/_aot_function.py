@@ -19,6 +19,7 @@ from aotkit_capture import (
     COMPILE_LOCK,
     CapturedTensorError,
     CompiledArtifacts,
+    GeneratorStateError,
     Runner,
     captured_tensor_error,
     check_input_kinds,
@@ -299,7 +300,12 @@ class CompiledCache:
                     flat_fn, flat_args, self.cfg, cache=disk_cache(identity, sidecar)
                 )
         except Exception as e:
-            if self.slots and self._lift_error is None and not isinstance(e, _RetryWithSlots):
+            if (
+                self.slots
+                and self._lift_error is None
+                # a refusal the lifted generators made visible stands
+                and not isinstance(e, (_RetryWithSlots, GeneratorStateError))
+            ):
                 # See Note [Global tensors lifted as inputs]: traced again, unlifted
                 self._lift_error = e
                 self.slots, self._program = [], self.fn

@@ -34,6 +34,11 @@
 #     with none lifted, as before lifting: a tensor that is only read is then a
 #     constant of the graph, and one that is written gives the error of Note [Tensors
 #     captured by closure or global]. The function is never lifted again.
+#   * A ``torch.Generator`` other than the default one, found the same way, is a slot
+#     too: as an argument, the trace starts it from a fresh state (See Note [States of
+#     other generators] in aotkit_tracing), so a function that seeds it before its first
+#     draw raises ``GeneratorStateError`` (that refusal is not retried unlifted) instead
+#     of a graph that continues the generator's stream from the second call on.
 #   * The tensors of an ``nn.Module`` reached this way are not slots (aot_module lifts
 #     those): the error names them.
 #   * While a trace runs, the slots hold traced tensors: eager code on another thread
@@ -106,7 +111,12 @@ def tensor_slots(fn: Callable[..., Any]) -> list[TensorSlot]:
     seen_slots: set[tuple[int, str]] = set()
 
     def visit_value(v: Any, slot: TensorSlot, depth: int) -> None:
-        if isinstance(v, torch.Tensor):
+        # a generator other than the default one is lifted too: as an argument, the trace
+        # starts it from a fresh state, so a function that seeds it is seen (See Note
+        # [States of other generators] in aotkit_tracing)
+        if isinstance(v, torch.Tensor) or (
+            isinstance(v, torch.Generator) and v is not torch.default_generator
+        ):
             ident = (id(slot.holder if slot.holder is not None else slot.cell), slot.name)
             if ident not in seen_slots:
                 seen_slots.add(ident)
